@@ -1,0 +1,1 @@
+"""Quire: paged-KV-cache LLM serving."""
