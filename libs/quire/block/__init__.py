@@ -1,1 +1,40 @@
-"""block."""
+"""Paged KV block management: chained block hashes, the block pool and the step allocator."""
+
+from __future__ import annotations
+
+from quire.block.allocator import (
+    AdmitRequest,
+    AllocatorStats,
+    AppendRequest,
+    BlockAllocator,
+    CommitRequest,
+    ForkRequest,
+    StepAllocation,
+    StepAllocationResult,
+)
+from quire.block.hashing import (
+    HASH_SIZE,
+    extend_block_hashes,
+    hash_block,
+    hash_full_blocks,
+)
+from quire.block.manager import BlockManager, LocalBlockAllocator
+from quire.block.pool import BlockPool
+
+__all__ = [
+    "HASH_SIZE",
+    "AdmitRequest",
+    "AllocatorStats",
+    "AppendRequest",
+    "BlockAllocator",
+    "BlockManager",
+    "BlockPool",
+    "CommitRequest",
+    "ForkRequest",
+    "LocalBlockAllocator",
+    "StepAllocation",
+    "StepAllocationResult",
+    "extend_block_hashes",
+    "hash_block",
+    "hash_full_blocks",
+]

@@ -1,0 +1,203 @@
+"""Paged decode attention: time and achieved memory bandwidth, Triton beside the torch reference.
+
+    python -m benchmarks.decode_attention [--device cuda|cpu] [--output PATH]
+
+Bytes counted per call: every context token's key and value once (the query heads of a GQA
+group share them), plus the queries read and the outputs written. Block tables are shuffled,
+as they are after the allocator has churned. On CUDA the L2 cache is flushed before each timed
+call, so small batches are not served from L2. The torch reference also checks its index
+values, which costs it a device sync per call on CUDA; that is part of what it costs to use.
+Writes bench/results/decode_attention.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from quire.kernels import reference
+
+RESULTS_PATH = Path("bench/results/decode_attention.json")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Model shape and sweep for one device."""
+
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads
+    head_dim: int  # channels per head
+    block_size: int  # token slots per cache block
+    dtype: str  # cache and query dtype, a torch attribute name
+    batch_sizes: tuple[int, ...]  # sequences decoding together
+    context_lens: tuple[int, ...]  # tokens in cache per sequence
+
+
+# A Llama-3-8B-like layer on the GPU; a small model on the CPU, to finish in ~30 s.
+CUDA_CONFIG = BenchConfig(32, 8, 128, 16, "bfloat16", (1, 8, 32, 128), (512, 2048, 8192))
+CPU_CONFIG = BenchConfig(8, 2, 64, 16, "float32", (1, 8, 32), (128, 512, 2048))
+
+
+@dataclass(frozen=True)
+class Result:
+    """One timed (backend, batch size, context length) point."""
+
+    backend: str  # "triton" or "torch"
+    batch_size: int
+    context_len: int
+    time_ms: float  # median per call
+    gb_per_s: float  # bytes moved / time
+    max_abs_diff: float | None  # against the torch reference; None for the reference itself
+
+
+def _make_inputs(
+    config: BenchConfig, batch_size: int, context_len: int, device: str
+) -> tuple[torch.Tensor, ...]:
+    dtype = getattr(torch, config.dtype)
+    blocks_per_seq = -(-context_len // config.block_size)
+    num_blocks = batch_size * blocks_per_seq
+    cache_shape = (num_blocks, config.block_size, config.num_kv_heads, config.head_dim)
+    key_cache = torch.randn(cache_shape, dtype=dtype, device=device)
+    value_cache = torch.randn(cache_shape, dtype=dtype, device=device)
+    # block_tables: [batch_size, blocks_per_seq], a random permutation of all blocks
+    block_tables = torch.randperm(num_blocks, device=device).view(batch_size, blocks_per_seq)
+    context_lens = torch.full((batch_size,), context_len, dtype=torch.int32, device=device)
+    query = torch.randn(batch_size, config.num_heads, config.head_dim, dtype=dtype, device=device)
+    return query, key_cache, value_cache, block_tables.to(torch.int32), context_lens
+
+
+def _bytes_moved(config: BenchConfig, batch_size: int, context_len: int) -> int:
+    element_size = getattr(torch, config.dtype).itemsize
+    kv_bytes = 2 * batch_size * context_len * config.num_kv_heads * config.head_dim
+    query_and_out_bytes = 2 * batch_size * config.num_heads * config.head_dim
+    return (kv_bytes + query_and_out_bytes) * element_size
+
+
+def _time_cuda_ms(fn: Callable[[], object], num_iters: int = 20) -> float:
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    for _ in range(3):
+        fn()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(num_iters)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(num_iters)]
+    for start, end in zip(starts, ends, strict=True):
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(
+        start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)
+    )
+
+
+def _time_cpu_ms(fn: Callable[[], object], budget_s: float = 0.5) -> float:
+    fn()
+    times_ms: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times_ms) < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        fn()
+        times_ms.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times_ms)
+
+
+def run(device: str) -> tuple[BenchConfig, list[Result]]:
+    """Time every (batch size, context length) point of the device's sweep."""
+    config = CUDA_CONFIG if device == "cuda" else CPU_CONFIG
+    scale = config.head_dim**-0.5
+    backends: dict[str, Callable[..., torch.Tensor]] = {}
+    if device == "cuda":
+        from quire.kernels import triton_attention
+
+        backends["triton"] = triton_attention.paged_decode_attention
+    backends["torch"] = reference.paged_decode_attention
+    time_ms = _time_cuda_ms if device == "cuda" else _time_cpu_ms
+
+    results = []
+    for context_len in config.context_lens:
+        for batch_size in config.batch_sizes:
+            inputs = _make_inputs(config, batch_size, context_len, device)
+            expected = reference.paged_decode_attention(*inputs, scale)
+            num_bytes = _bytes_moved(config, batch_size, context_len)
+            for backend, fn in backends.items():
+                diff = (fn(*inputs, scale).float() - expected.float()).abs().max().item()
+                elapsed_ms = time_ms(lambda fn=fn, inputs=inputs: fn(*inputs, scale))
+                results.append(
+                    Result(
+                        backend=backend,
+                        batch_size=batch_size,
+                        context_len=context_len,
+                        time_ms=elapsed_ms,
+                        gb_per_s=num_bytes / (elapsed_ms * 1e-3) / 1e9,
+                        max_abs_diff=None if backend == "torch" else diff,
+                    )
+                )
+            del inputs, expected
+    return config, results
+
+
+def _print_table(results: list[Result]) -> None:
+    points = sorted({(r.batch_size, r.context_len) for r in results}, key=lambda p: (p[1], p[0]))
+    backends = list(dict.fromkeys(r.backend for r in results))
+    by_key = {(r.backend, r.batch_size, r.context_len): r for r in results}
+    header = f"{'batch':>6} {'context':>8}"
+    for backend in backends:
+        header += f" {backend + ' ms':>11} {backend + ' GB/s':>12}"
+    if "triton" in backends:
+        header += f" {'speedup':>8} {'max diff':>9}"
+    print(header)
+    for batch_size, context_len in points:
+        line = f"{batch_size:>6} {context_len:>8}"
+        for backend in backends:
+            result = by_key[(backend, batch_size, context_len)]
+            line += f" {result.time_ms:>11.3f} {result.gb_per_s:>12.1f}"
+        if "triton" in backends:
+            fast = by_key[("triton", batch_size, context_len)]
+            slow = by_key[("torch", batch_size, context_len)]
+            line += f" {slow.time_ms / fast.time_ms:>7.1f}x {fast.max_abs_diff:>9.2e}"
+        print(line)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cuda: Triton and the torch reference; cpu: the torch reference",
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS_PATH, help="JSON results path")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch.cuda.is_available() is False")
+
+    torch.manual_seed(0)
+    config, results = run(args.device)
+    print(f"paged decode attention on {args.device}: {config}")
+    _print_table(results)
+
+    device_name = (
+        torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu"
+    )
+    report = {
+        "benchmark": "decode_attention",
+        "device": args.device,
+        "device_name": device_name,
+        "torch": torch.__version__,
+        "config": asdict(config),
+        "results": [asdict(result) for result in results],
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

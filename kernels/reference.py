@@ -1,0 +1,221 @@
+"""Paged KV cache and paged attention in plain torch: the CPU path and the Triton test oracle.
+
+Cache layout (one layer): key_cache, value_cache are [num_blocks, block_size, num_kv_heads,
+head_dim]. Token slot s lives in block s // block_size at offset s % block_size. A sequence's
+block table row lists its blocks in logical order; its token at position p is in block
+block_table[p // block_size] at offset p % block_size. Entries past a sequence's used blocks
+are ignored but must still be valid block ids.
+
+Attention math runs in float32 whatever the cache dtype; outputs have the query's dtype.
+Unlike the Triton wrappers these functions also check index values (slots, block ids,
+lengths), which costs a device sync on CUDA; on the CPU it is cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from quire.kernels import checks
+
+
+def _check_block_ids(block_tables: torch.Tensor, num_blocks: int) -> None:
+    if block_tables.numel() and bool(((block_tables < 0) | (block_tables >= num_blocks)).any()):
+        raise ValueError(f"block_tables holds block ids outside [0, {num_blocks})")
+
+
+def _check_context_lens(
+    context_lens: torch.Tensor,
+    min_lens: torch.Tensor | int,
+    min_lens_name: str,
+    shape: checks.AttentionShape,
+) -> None:
+    capacity = shape.max_blocks_per_seq * shape.cache.block_size
+    if bool((context_lens < min_lens).any()):
+        raise ValueError(f"context_lens must be >= {min_lens_name}")
+    if bool((context_lens > capacity).any()):
+        raise ValueError(
+            f"context_lens exceed the block table's capacity of {shape.max_blocks_per_seq} "
+            f"blocks x {shape.cache.block_size} slots = {capacity} tokens"
+        )
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter this step's keys and values into the paged cache, in place.
+
+    Slots must be distinct; slot = block_id * block_size + offset.
+    """
+    # key, value: [num_tokens, num_kv_heads, head_dim]
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # slot_mapping: [num_tokens] int64
+    cache = checks.check_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+    num_slots = cache.num_blocks * cache.block_size
+    if slot_mapping.numel() and bool(((slot_mapping < 0) | (slot_mapping >= num_slots)).any()):
+        raise ValueError(f"slot_mapping holds slots outside [0, {num_slots})")
+    block_ids = slot_mapping // cache.block_size
+    offsets = slot_mapping % cache.block_size
+    # Advanced-index assignment is an in-place index_put_, whatever the cache strides.
+    key_cache[block_ids, offsets] = key
+    value_cache[block_ids, offsets] = value
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one new token per sequence over that sequence's paged cache.
+
+    The current token's key and value must already be in the cache: it sits at position
+    context_len - 1 and attends to positions 0..context_len-1. Returns
+    [num_seqs, num_heads, head_dim] in the query's dtype.
+    """
+    # query: [num_seqs, num_heads, head_dim]
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # block_tables: [num_seqs, max_blocks_per_seq] int32
+    # context_lens: [num_seqs] int32
+    shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
+    _check_block_ids(block_tables, shape.cache.num_blocks)
+    _check_context_lens(context_lens, 1, "1", shape)
+    num_seqs, num_heads, head_dim = query.shape
+    if num_seqs == 0:
+        return query.new_empty(query.shape)
+    num_kv_heads = shape.cache.num_kv_heads
+    group = shape.query_group_size
+
+    # Gather every sequence up to the longest context; positions past a sequence's context
+    # read its first token instead of unused slots (which may hold anything, NaN included:
+    # 0 * NaN is NaN) and are masked out of the softmax.
+    positions = torch.arange(int(context_lens.max()), device=query.device)
+    # is_valid, positions: [num_seqs, max_context_len]
+    is_valid = positions[None, :] < context_lens[:, None]
+    positions = torch.where(is_valid, positions, 0)
+    keys, values = _gather_positions(key_cache, value_cache, block_tables, positions)
+
+    # q: [num_seqs, num_kv_heads, group, head_dim]: the query heads that share a kv head.
+    q = query.float().reshape(num_seqs, num_kv_heads, group, head_dim)
+    out = torch.empty(q.shape, dtype=torch.float32, device=query.device)
+    # One batched matmul per kv head: slicing a head out of keys is a strided view that
+    # BLAS reads in place, where batching over heads too would copy keys and values.
+    for kv_head in range(num_kv_heads):
+        # scores: [num_seqs, group, max_context_len]
+        scores = torch.matmul(q[:, kv_head], keys[:, :, kv_head].transpose(1, 2)) * scale
+        scores.masked_fill_(~is_valid[:, None, :], float("-inf"))
+        out[:, kv_head] = torch.matmul(torch.softmax(scores, dim=-1), values[:, :, kv_head])
+    return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
+
+
+def _gather_positions(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # block_tables: [num_seqs, max_blocks_per_seq]; positions: [num_seqs, num_positions]
+    # Returns keys, values: [num_seqs, num_positions, num_kv_heads, head_dim] float32.
+    block_size = key_cache.shape[1]
+    block_ids = block_tables.long().gather(1, positions // block_size)
+    offsets = positions % block_size
+    return key_cache[block_ids, offsets].float(), value_cache[block_ids, offsets].float()
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's chunk of new tokens over its paged cache.
+
+    Sequence s contributes q_s = cu_query_lens[s+1] - cu_query_lens[s] query tokens (q_s may
+    be 0), already written to the cache after a cached prefix of context_lens[s] - q_s tokens.
+    Chunk token i sits at position context_lens[s] - q_s + i and attends to every position up
+    to its own. Decode is the case q_s = 1. Returns [num_tokens, num_heads, head_dim] in the
+    query's dtype.
+    """
+    # query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # block_tables: [num_seqs, max_blocks_per_seq] int32
+    # cu_query_lens: [num_seqs + 1] int32, prefix sums of the chunk lengths
+    # context_lens: [num_seqs] int32, cached prefix + chunk
+    shape = checks.check_prefill(
+        query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
+    )
+    num_tokens, num_heads, head_dim = query.shape
+    query_lens = cu_query_lens.diff()
+    if int(cu_query_lens[0]) != 0 or int(cu_query_lens[-1]) != num_tokens:
+        raise ValueError(f"cu_query_lens must run from 0 to num_tokens ({num_tokens})")
+    if bool((query_lens < 0).any()):
+        raise ValueError("cu_query_lens must be non-decreasing")
+    _check_block_ids(block_tables, shape.cache.num_blocks)
+    _check_context_lens(context_lens, query_lens, "the chunk lengths in cu_query_lens", shape)
+    num_kv_heads = shape.cache.num_kv_heads
+    group = shape.query_group_size
+
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    bounds = cu_query_lens.tolist()
+    for seq, context_len in enumerate(context_lens.tolist()):
+        start, end = bounds[seq], bounds[seq + 1]
+        query_len = end - start
+        if query_len == 0:
+            continue
+        positions = torch.arange(context_len, device=query.device)
+        keys, values = _gather_positions(
+            key_cache, value_cache, block_tables[seq : seq + 1], positions[None, :]
+        )
+        # keys, values: [context_len, num_kv_heads, head_dim]
+        keys, values = keys[0], values[0]
+        # q: [num_kv_heads, group * query_len, head_dim]: a group's heads share keys, so
+        # they stack as rows of one matmul per kv head.
+        q = query[start:end].float().reshape(query_len, num_kv_heads, group, head_dim)
+        q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * query_len, head_dim)
+        # scores: [num_kv_heads, group, query_len, context_len]
+        scores = torch.matmul(q, keys.permute(1, 2, 0)) * scale
+        scores = scores.view(num_kv_heads, group, query_len, context_len)
+        query_positions = positions[context_len - query_len :]
+        is_future = positions[None, :] > query_positions[:, None]
+        scores.masked_fill_(is_future, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * query_len, context_len)
+        # seq_out: [num_kv_heads, group * query_len, head_dim]
+        seq_out = torch.matmul(probs, values.transpose(0, 1))
+        seq_out = seq_out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3)
+        out[start:end] = seq_out.reshape(query_len, num_heads, head_dim)
+    return out
+
+
+def copy_blocks(
+    key_caches: Sequence[torch.Tensor],
+    value_caches: Sequence[torch.Tensor],
+    block_mapping: torch.Tensor,
+) -> None:
+    """Copy whole cache blocks src -> dst in every layer, in place (copy-on-write forks).
+
+    Destinations must be distinct and must not also be sources, so that pairs are
+    independent (the Triton kernel copies them in parallel).
+    """
+    # key_caches, value_caches: num_layers x [num_blocks, block_size, num_kv_heads, head_dim]
+    # block_mapping: [num_pairs, 2] int64, rows of (src, dst)
+    cache = checks.check_copy_blocks(key_caches, value_caches, block_mapping)
+    if cache is None or block_mapping.shape[0] == 0:
+        return
+    src, dst = block_mapping[:, 0], block_mapping[:, 1]
+    if bool(((block_mapping < 0) | (block_mapping >= cache.num_blocks)).any()):
+        raise ValueError(f"block_mapping holds block ids outside [0, {cache.num_blocks})")
+    if torch.unique(dst).numel() != dst.numel():
+        raise ValueError("block_mapping destinations must be distinct")
+    if bool(torch.isin(dst, src).any()):
+        raise ValueError("a block_mapping destination is also a source")
+    for layer_cache in (*key_caches, *value_caches):
+        layer_cache[dst] = layer_cache[src]

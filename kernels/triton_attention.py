@@ -1,0 +1,371 @@
+"""Paged attention in Triton: decode (one token per sequence) and varlen causal prefill.
+
+Both kernels are flash-attention style: stream the sequence's keys and values in tiles of
+token positions, looking each position's block up in the block table, and keep an online
+softmax (running max m_i, running sum l_i) in float32. A tile of positions may straddle
+cache blocks, so the tile size does not depend on block_size. GQA: query head h reads kv
+head h // (num_heads // num_kv_heads).
+
+The host wrappers have the torch reference's signatures (see reference.py) and check
+metadata only; index values (slots, block ids, lengths) are trusted, so that launching
+never syncs with the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from quire.kernels import checks
+
+# Softmax uses exp2; the scale is folded with log2(e) on the host.
+LOG2E = math.log2(math.e)
+
+# Decided once, when the kernels are decorated: TRITON_INTERPRET=1 runs them on CPU tensors.
+IS_INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _paged_decode_attention_kernel(
+    out_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    scale_log2e,
+    stride_out_seq,
+    stride_out_head,
+    stride_out_dim,
+    stride_q_seq,
+    stride_q_head,
+    stride_q_dim,
+    stride_kc_block,
+    stride_kc_offset,
+    stride_kc_head,
+    stride_kc_dim,
+    stride_vc_block,
+    stride_vc_offset,
+    stride_vc_head,
+    stride_vc_dim,
+    stride_bt_seq,
+    stride_bt_block,
+    QUERY_GROUP_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    TILE_N: tl.constexpr,
+):
+    # One program per (sequence, query head); the query is a single row, so scores are a
+    # broadcast multiply + row sum rather than a tl.dot (which needs >= 16 rows).
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    kv_head = head // QUERY_GROUP_SIZE
+    context_len = tl.load(context_lens_ptr + seq)
+
+    offs_d = tl.arange(0, HEAD_DIM)
+    # q: [HEAD_DIM]
+    q = tl.load(query_ptr + seq * stride_q_seq + head * stride_q_head + offs_d * stride_q_dim)
+    q = q.to(tl.float32)
+
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for start_n in range(0, context_len, TILE_N):
+        offs_n = start_n + tl.arange(0, TILE_N)
+        is_valid = offs_n < context_len
+        # block_ids: [TILE_N], the physical block of each position in the tile.
+        block_ids = tl.load(
+            block_tables_ptr + seq * stride_bt_seq + (offs_n // BLOCK_SIZE) * stride_bt_block,
+            mask=is_valid,
+            other=0,
+        ).to(tl.int64)
+        slot_offsets = offs_n % BLOCK_SIZE
+        # k, v: [TILE_N, HEAD_DIM]
+        k = tl.load(
+            key_cache_ptr
+            + block_ids[:, None] * stride_kc_block
+            + slot_offsets[:, None] * stride_kc_offset
+            + kv_head * stride_kc_head
+            + offs_d[None, :] * stride_kc_dim,
+            mask=is_valid[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        scores = tl.sum(k * q[None, :], axis=1) * scale_log2e
+        scores = tl.where(is_valid, scores, -float("inf"))
+        # Every tile holds at least one valid position, so m_new is finite.
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new)
+        v = tl.load(
+            value_cache_ptr
+            + block_ids[:, None] * stride_vc_block
+            + slot_offsets[:, None] * stride_vc_offset
+            + kv_head * stride_vc_head
+            + offs_d[None, :] * stride_vc_dim,
+            mask=is_valid[:, None],
+            other=0.0,
+        ).to(tl.float32)
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+
+    out = acc / l_i
+    tl.store(
+        out_ptr + seq * stride_out_seq + head * stride_out_head + offs_d * stride_out_dim,
+        out.to(out_ptr.dtype.element_ty),
+    )
+
+
+@triton.jit
+def _find_seq(cu_query_lens_ptr, tile, num_seqs, BLOCK_M: tl.constexpr):
+    # Sequence s owns query tiles [cu[s] // BLOCK_M + s, cu[s+1] // BLOCK_M + s + 1): at least
+    # cdiv(q_s, BLOCK_M) of them, found without a host sync. Binary search for the last
+    # sequence whose first tile is <= tile.
+    left: tl.int32 = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        first_tile = tl.load(cu_query_lens_ptr + mid) // BLOCK_M + mid
+        if first_tile <= tile:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+# num_seqs stays a runtime int32 even when it is 1 (Triton would make that a constexpr), so
+# the binary search in _find_seq always sees the same types.
+@triton.jit(do_not_specialize=["num_seqs"])
+def _paged_prefill_attention_kernel(
+    out_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    cu_query_lens_ptr,
+    context_lens_ptr,
+    scale_log2e,
+    num_seqs,
+    stride_out_token,
+    stride_out_head,
+    stride_out_dim,
+    stride_q_token,
+    stride_q_head,
+    stride_q_dim,
+    stride_kc_block,
+    stride_kc_offset,
+    stride_kc_head,
+    stride_kc_dim,
+    stride_vc_block,
+    stride_vc_offset,
+    stride_vc_head,
+    stride_vc_dim,
+    stride_bt_seq,
+    stride_bt_block,
+    QUERY_GROUP_SIZE: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    # One program per (query tile of BLOCK_M chunk tokens of one sequence, query head).
+    tile = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_head = head // QUERY_GROUP_SIZE
+    seq = _find_seq(cu_query_lens_ptr, tile, num_seqs, BLOCK_M)
+    query_start = tl.load(cu_query_lens_ptr + seq)
+    query_len = tl.load(cu_query_lens_ptr + seq + 1) - query_start
+    tile_start = (tile - (query_start // BLOCK_M + seq)) * BLOCK_M
+    if tile_start >= query_len:
+        return
+    context_len = tl.load(context_lens_ptr + seq)
+    prefix_len = context_len - query_len
+
+    # offs_m: [BLOCK_M] rows of the chunk; their absolute positions are prefix_len + offs_m.
+    offs_m = tile_start + tl.arange(0, BLOCK_M)
+    is_row = offs_m < query_len
+    query_positions = prefix_len + offs_m
+    offs_d = tl.arange(0, HEAD_DIM)
+    tokens = (query_start + offs_m).to(tl.int64)
+    # q: [BLOCK_M, HEAD_DIM]
+    q = tl.load(
+        query_ptr
+        + tokens[:, None] * stride_q_token
+        + head * stride_q_head
+        + offs_d[None, :] * stride_q_dim,
+        mask=is_row[:, None],
+        other=0.0,
+    )
+
+    m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    # Keys past the tile's last row are in every row's future; stop there.
+    kv_end = tl.minimum(context_len, prefix_len + tile_start + BLOCK_M)
+    bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+    for start_n in range(0, kv_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        is_key = offs_n < kv_end
+        block_ids = tl.load(
+            bt_row_ptr + (offs_n // BLOCK_SIZE) * stride_bt_block, mask=is_key, other=0
+        ).to(tl.int64)
+        slot_offsets = offs_n % BLOCK_SIZE
+        # k, v: [BLOCK_N, HEAD_DIM]
+        k = tl.load(
+            key_cache_ptr
+            + block_ids[:, None] * stride_kc_block
+            + slot_offsets[:, None] * stride_kc_offset
+            + kv_head * stride_kc_head
+            + offs_d[None, :] * stride_kc_dim,
+            mask=is_key[:, None],
+            other=0.0,
+        )
+        # scores: [BLOCK_M, BLOCK_N]
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e
+        is_visible = is_key[None, :] & (offs_n[None, :] <= query_positions[:, None])
+        scores = tl.where(is_visible, scores, -float("inf"))
+        # Position 0 is visible to every row (padding rows included), so after the first
+        # tile m_i is finite and exp2(m_i - m_new) never sees -inf - -inf.
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        v = tl.load(
+            value_cache_ptr
+            + block_ids[:, None] * stride_vc_block
+            + slot_offsets[:, None] * stride_vc_offset
+            + kv_head * stride_vc_head
+            + offs_d[None, :] * stride_vc_dim,
+            mask=is_key[:, None],
+            other=0.0,
+        )
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    tl.store(
+        out_ptr
+        + tokens[:, None] * stride_out_token
+        + head * stride_out_head
+        + offs_d[None, :] * stride_out_dim,
+        out.to(out_ptr.dtype.element_ty),
+        mask=is_row[:, None],
+    )
+
+
+def _check_triton(shape: checks.AttentionShape, query: torch.Tensor) -> None:
+    checks.check_triton_head_dim(shape.cache.head_dim)
+    checks.check_triton_device(query.device, IS_INTERPRETED)
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # fp32 inputs would default to TF32 tensor cores (~1e-3 error); keep them exact. The
+    # setting has no effect on 16-bit inputs.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Triton version of reference.paged_decode_attention (same contract)."""
+    # query: [num_seqs, num_heads, head_dim]
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # block_tables: [num_seqs, max_blocks_per_seq] int32
+    # context_lens: [num_seqs] int32, each >= 1
+    shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
+    _check_triton(shape, query)
+    checks.check_contiguous(context_lens=context_lens)
+    # out: [num_seqs, num_heads, head_dim]
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if shape.num_seqs == 0:
+        return out
+    head_dim = shape.cache.head_dim
+    grid = (shape.num_seqs, shape.num_heads)
+    _paged_decode_attention_kernel[grid](
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        float(scale) * LOG2E,
+        *out.stride(),
+        *query.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        *block_tables.stride(),
+        QUERY_GROUP_SIZE=shape.query_group_size,
+        BLOCK_SIZE=shape.cache.block_size,
+        HEAD_DIM=head_dim,
+        # 4096 elements a tile over 8 warps: 16 a thread, no register spills up to dim 256.
+        TILE_N=max(16, 4096 // head_dim),
+        num_warps=8,
+    )
+    return out
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Triton version of reference.paged_prefill_attention (same contract)."""
+    # query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # block_tables: [num_seqs, max_blocks_per_seq] int32
+    # cu_query_lens: [num_seqs + 1] int32, prefix sums of the chunk lengths
+    # context_lens: [num_seqs] int32, cached prefix + chunk
+    shape = checks.check_prefill(
+        query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
+    )
+    _check_triton(shape, query)
+    checks.check_contiguous(cu_query_lens=cu_query_lens, context_lens=context_lens)
+    # out: [num_tokens, num_heads, head_dim]
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    num_tokens = query.shape[0]
+    if num_tokens == 0:
+        return out
+    head_dim = shape.cache.head_dim
+    if query.dtype == torch.float32:
+        # fp32 tiles take twice the registers; halve the tiles.
+        block_m, block_n = 32, 32
+    else:
+        block_m, block_n = 64, 64 if head_dim <= 128 else 32
+    # Each sequence gets cdiv(q_s, BLOCK_M) tiles, plus at most one that exits at once.
+    grid = (num_tokens // block_m + shape.num_seqs, shape.num_heads)
+    _paged_prefill_attention_kernel[grid](
+        out,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        cu_query_lens,
+        context_lens,
+        float(scale) * LOG2E,
+        shape.num_seqs,
+        *out.stride(),
+        *query.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        *block_tables.stride(),
+        QUERY_GROUP_SIZE=shape.query_group_size,
+        BLOCK_SIZE=shape.cache.block_size,
+        HEAD_DIM=head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        DOT_PRECISION=_dot_precision(query.dtype),
+        num_warps=4,
+    )
+    return out

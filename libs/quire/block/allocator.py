@@ -1,0 +1,127 @@
+"""The block-allocator contract: one batched call per engine step.
+
+The scheduler never touches allocator internals. Once per step it sends a
+`StepAllocation` (what finished, what was computed, new tokens, forks, prompts
+to admit) and receives a `StepAllocationResult` (block tables, prefix-cache
+hits, copy-on-write copies, who was preempted or not admitted). The same
+message pair is served in-process by `LocalBlockAllocator` and, across a
+process boundary, by the memory manager over gRPC.
+
+Processing order inside one call (every implementation must follow it):
+
+1. `forks`      -- the child shares all of the parent's blocks (refcount + 1).
+2. `commits`    -- record how many tokens of each sequence now have their KV in
+                   the cache; every full block below that mark gets its chained
+                   hash registered in the prefix index (first writer wins).
+3. `frees`      -- release every block of these sequences (finished, aborted),
+                   tail blocks first. (Forks and commits come first so that a
+                   parent finishing on its first token can still be forked and
+                   a finished sequence's computed blocks stay reusable.)
+4. `appends`    -- in priority order (earliest arrival first): add the new token
+                   ids to the sequence, making room for them. Writing into a
+                   block whose refcount > 1 first copies it (copy-on-write,
+                   reported in `copies`). When the pool is empty, sequences are
+                   preempted from the END of `appends` (latest arrival first):
+                   their blocks are freed and they are listed in `preempted`;
+                   a sequence that would have to preempt itself is preempted.
+5. `admits`     -- in FCFS order: look up the longest cached prefix of full
+                   blocks (never the whole prompt: the last token is always
+                   recomputed), then allocate blocks for every remaining token.
+                   The first admit that does not fit stops admission; it and all
+                   after it are listed in `not_admitted`, holding nothing. If any
+                   sequence was preempted in this call, no admit is processed
+                   (all are `not_admitted`): preempted work goes back first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class AdmitRequest:
+    """A sequence entering the pool (new prompt, or a preempted one re-entering)."""
+
+    seq_id: str
+    # Every token the sequence has so far (prompt, plus outputs after a preemption).
+    token_ids: tuple[int, ...]
+    # Mixed into the first block's hash: model id, LoRA id, ... ("" for none).
+    extra_key: str = ""
+
+
+@dataclass(frozen=True)
+class AppendRequest:
+    """New tokens of a running sequence that need KV slots this step."""
+
+    seq_id: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """`num_computed_tokens` of `seq_id` now have their KV written in the cache."""
+
+    seq_id: str
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class ForkRequest:
+    """`child_seq_id` starts as a copy of `parent_seq_id` sharing all its blocks."""
+
+    parent_seq_id: str
+    child_seq_id: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepAllocation:
+    """Everything one engine step asks of the allocator, applied in the module's order."""
+
+    forks: tuple[ForkRequest, ...] = ()
+    commits: tuple[CommitRequest, ...] = ()
+    frees: tuple[str, ...] = ()
+    appends: tuple[AppendRequest, ...] = ()
+    admits: tuple[AdmitRequest, ...] = ()
+
+
+@dataclass
+class StepAllocationResult:
+    """What the step got: tables for every live sequence touched, hits, copies."""
+
+    # seq_id -> full block table (physical block ids, logical order), for every
+    # sequence in forks (child), appends (not preempted) and admits (admitted).
+    block_tables: dict[str, list[int]] = field(default_factory=dict)
+    # seq_id -> number of leading tokens whose KV is already cached (admits only).
+    num_cached_tokens: dict[str, int] = field(default_factory=dict)
+    # (src, dst) physical block copies to perform before the forward pass.
+    copies: list[tuple[int, int]] = field(default_factory=list)
+    # Sequences whose blocks were freed to make room (latest arrival first).
+    preempted: list[str] = field(default_factory=list)
+    # Admit requests that did not fit, in request order.
+    not_admitted: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """Counters every allocator exposes (tokens for prefix-cache figures)."""
+
+    num_blocks_total: int
+    num_blocks_used: int  # refcount > 0
+    num_blocks_cached: int  # refcount 0 but still findable by hash
+    num_blocks_shared: int  # refcount > 1
+    prefix_cache_queries: int  # prompt tokens looked up at admission
+    prefix_cache_hits: int  # of those, tokens found cached
+    num_copies: int  # copy-on-write block copies so far
+    num_preemptions: int
+
+
+class BlockAllocator(Protocol):
+    """One interface, two implementations: in-process and the memory manager."""
+
+    block_size: int
+    num_blocks: int
+
+    def step(self, request: StepAllocation) -> StepAllocationResult: ...
+
+    def stats(self) -> AllocatorStats: ...

@@ -1,0 +1,229 @@
+"""BlockManager: the in-process `BlockAllocator` (block tables, prefix cache, CoW, preemption).
+
+One `step()` applies a whole `StepAllocation` in the contract's order (see
+quire.block.allocator): forks, commits, frees, appends (preempting from the end
+of the appends list when the pool runs dry), then FCFS admits, skipped entirely
+when anything was preempted. The request is validated as a whole first, so a
+malformed one raises ValueError and changes nothing.
+"""
+
+from __future__ import annotations
+
+from quire.block.allocator import (
+    AdmitRequest,
+    AllocatorStats,
+    CommitRequest,
+    ForkRequest,
+    StepAllocation,
+    StepAllocationResult,
+)
+from quire.block.appends import AppendPhase
+from quire.block.hashing import extend_block_hashes
+from quire.block.pool import BlockPool
+from quire.block.sequence import SequenceState, cdiv
+from quire.block.validation import validate_step
+
+
+class BlockManager:
+    """Paged KV block tables over a `BlockPool`, with prefix caching and copy-on-write."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self._seqs: dict[str, SequenceState] = {}
+        self._num_queries = 0
+        self._num_hits = 0
+        self._num_copies = 0
+        self._num_preemptions = 0
+
+    # ---------------------------------------------------------------- queries
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def has_seq(self, seq_id: str) -> bool:
+        return seq_id in self._seqs
+
+    def block_table(self, seq_id: str) -> list[int]:
+        """A copy of the live sequence's block table."""
+        return list(self._get(seq_id, "seq_id").block_table)
+
+    def num_tokens(self, seq_id: str) -> int:
+        return len(self._get(seq_id, "seq_id").token_ids)
+
+    def stats(self) -> AllocatorStats:
+        """Block counts now and cumulative counters (prefix-cache figures in tokens)."""
+        return AllocatorStats(
+            num_blocks_total=self.num_blocks,
+            num_blocks_used=self.pool.num_used_blocks,
+            num_blocks_cached=self.pool.num_cached_blocks,
+            num_blocks_shared=self.pool.num_shared_blocks,
+            prefix_cache_queries=self._num_queries,
+            prefix_cache_hits=self._num_hits,
+            num_copies=self._num_copies,
+            num_preemptions=self._num_preemptions,
+        )
+
+    # ------------------------------------------------------------------- step
+
+    def step(self, request: StepAllocation) -> StepAllocationResult:
+        """Apply one engine step's forks, commits, frees, appends and admits, in that order."""
+        validate_step(request, self._num_tokens_or_none)
+        result = StepAllocationResult()
+        for fork in request.forks:
+            self._fork(fork, result)
+        if self.enable_prefix_caching:
+            for commit in request.commits:
+                self._commit(commit)
+        for seq_id in request.frees:
+            self._release_seq(seq_id)
+            result.block_tables.pop(seq_id, None)  # a child forked in this step
+        AppendPhase(self.pool, self._seqs, self.block_size, result).run(request.appends)
+        self._num_copies += len(result.copies)
+        self._num_preemptions += len(result.preempted)
+        if result.preempted:
+            # Preempted work goes back to the queue first: no admits this step.
+            result.not_admitted = [admit.seq_id for admit in request.admits]
+            return result
+        for index, admit in enumerate(request.admits):
+            if not self._admit(admit, result):
+                result.not_admitted = [a.seq_id for a in request.admits[index:]]
+                break
+        return result
+
+    def _release_seq(self, seq_id: str) -> None:
+        self.pool.release_tail_first(self._seqs.pop(seq_id).block_table)
+
+    def _commit(self, commit: CommitRequest) -> None:
+        seq = self._seqs[commit.seq_id]
+        num_full = commit.num_computed_tokens // self.block_size
+        if num_full <= seq.num_registered_blocks:
+            return
+        extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.extra_key)
+        for index in range(seq.num_registered_blocks, num_full):
+            self.pool.register(seq.block_table[index], seq.block_hashes[index])
+        seq.num_registered_blocks = num_full
+
+    def _fork(self, fork: ForkRequest, result: StepAllocationResult) -> None:
+        child = self._seqs[fork.parent_seq_id].fork()
+        for block_id in child.block_table:
+            self.pool.touch(block_id)
+        self._seqs[fork.child_seq_id] = child
+        result.block_tables[fork.child_seq_id] = list(child.block_table)
+
+    # ----------------------------------------------------------------- admits
+
+    def _admit(self, admit: AdmitRequest, result: StepAllocationResult) -> bool:
+        """Admit one prompt, or change nothing and return False if it does not fit."""
+        token_ids = list(admit.token_ids)
+        block_hashes: list[bytes] = []
+        hit_blocks: list[int] = []
+        if self.enable_prefix_caching:
+            extend_block_hashes(block_hashes, token_ids, self.block_size, admit.extra_key)
+            # At least the last token is recomputed: its logits start decoding.
+            max_hit_blocks = (len(token_ids) - 1) // self.block_size
+            for block_hash in block_hashes[:max_hit_blocks]:
+                block_id = self.pool.lookup(block_hash)
+                if block_id is None:
+                    break
+                hit_blocks.append(block_id)
+        num_fresh = cdiv(len(token_ids), self.block_size) - len(hit_blocks)
+        num_hits_free = sum(1 for block_id in hit_blocks if self.pool.is_free(block_id))
+        if num_hits_free + num_fresh > self.pool.num_free_blocks:
+            return False
+
+        for block_id in hit_blocks:
+            self.pool.touch(block_id)
+        seq = SequenceState(
+            token_ids=token_ids,
+            extra_key=admit.extra_key,
+            block_table=hit_blocks + [self._allocate() for _ in range(num_fresh)],
+            block_hashes=block_hashes,
+            num_registered_blocks=len(hit_blocks),
+        )
+        self._seqs[admit.seq_id] = seq
+        num_cached = len(hit_blocks) * self.block_size
+        if self.enable_prefix_caching:
+            self._num_queries += len(token_ids)
+            self._num_hits += num_cached
+        result.block_tables[admit.seq_id] = list(seq.block_table)
+        result.num_cached_tokens[admit.seq_id] = num_cached
+        return True
+
+    # ---------------------------------------------------------------- helpers
+
+    def _allocate(self) -> int:
+        block_id = self.pool.allocate()
+        assert block_id is not None, "capacity was checked before allocating"
+        return block_id
+
+    def _get(self, seq_id: str, what: str) -> SequenceState:
+        seq = self._seqs.get(seq_id)
+        if seq is None:
+            raise ValueError(f"{what}: unknown seq_id {seq_id!r}")
+        return seq
+
+    def _num_tokens_or_none(self, seq_id: str) -> int | None:
+        seq = self._seqs.get(seq_id)
+        return None if seq is None else len(seq.token_ids)
+
+    # ------------------------------------------------------------- invariants
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if tables, refcounts, free queue or hash index disagree."""
+        self.pool.check_integrity()
+        references = [0] * self.num_blocks
+        for seq_id, seq in self._seqs.items():
+            expected = cdiv(len(seq.token_ids), self.block_size)
+            if len(seq.block_table) != expected:
+                raise AssertionError(
+                    f"seq {seq_id!r}: {len(seq.token_ids)} tokens need {expected} blocks, "
+                    f"table has {len(seq.block_table)}"
+                )
+            if len(set(seq.block_table)) != len(seq.block_table):
+                raise AssertionError(f"seq {seq_id!r}: a block appears twice in its table")
+            for block_id in seq.block_table:
+                references[block_id] += 1
+            self._check_seq_hashes(seq_id, seq)
+        for block_id, count in enumerate(references):
+            refcount = self.pool.refcount(block_id)
+            if refcount != count:
+                raise AssertionError(
+                    f"block {block_id}: refcount {refcount} but {count} table references"
+                )
+
+    def _check_seq_hashes(self, seq_id: str, seq: SequenceState) -> None:
+        num_full = len(seq.token_ids) // self.block_size
+        if seq.num_registered_blocks > num_full:
+            raise AssertionError(f"seq {seq_id!r}: more registered blocks than full blocks")
+        if len(seq.block_hashes) > num_full:
+            raise AssertionError(f"seq {seq_id!r}: more hashes than full blocks")
+        for index, block_id in enumerate(seq.block_table):
+            stored = self.pool.block_hash(block_id)
+            if index < seq.num_registered_blocks and stored != seq.block_hashes[index]:
+                raise AssertionError(
+                    f"seq {seq_id!r}: registered block {block_id} (index {index}) "
+                    "does not hold the sequence's chained hash"
+                )
+            if index >= num_full and stored is not None:
+                raise AssertionError(f"seq {seq_id!r}: partial block {block_id} has a hash")
+            if (
+                stored is not None
+                and index < len(seq.block_hashes)
+                and stored != seq.block_hashes[index]
+            ):
+                raise AssertionError(
+                    f"seq {seq_id!r}: block {block_id} (index {index}) holds a hash "
+                    "that is not the sequence's"
+                )
+
+
+# The in-process implementation of the `BlockAllocator` protocol.
+LocalBlockAllocator = BlockManager

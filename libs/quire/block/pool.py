@@ -1,0 +1,170 @@
+"""BlockPool: physical KV blocks, their refcounts, the LRU free queue and the hash index.
+
+Every block is in exactly one of two states:
+
+- used: refcount > 0, referenced by at least one block table;
+- free: refcount 0, in the free queue. A free block that still carries a hash is
+  *cached*: a prefix hit can take it back (`touch`) without recomputing its KV.
+
+The free queue is in LRU order: `allocate` takes from the front, `release`
+appends to the back, `touch` removes a cached block from the middle in O(1)
+(an OrderedDict keyed by block id). A cached block's hash leaves the index only
+when the block is popped for reuse, so blocks stay findable as long as possible.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class BlockPool:
+    """`num_blocks` physical blocks with ids 0..num_blocks-1, all free at first."""
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self._refcounts = [0] * num_blocks
+        # Chained hash of a block's content once registered (the block is immutable
+        # from then on); None for blocks still being written.
+        self._hashes: list[bytes | None] = [None] * num_blocks
+        # Free blocks, least recently freed first. Values are unused.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        # hash -> the block findable under it (first writer wins).
+        self._index: dict[bytes, int] = {}
+        # Cached blocks whose hash was dropped from the index to reuse them.
+        self.num_evictions = 0
+
+    # ---------------------------------------------------------------- queries
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks with refcount 0 (cached or not): what `allocate` can hand out."""
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks still findable by hash."""
+        return sum(1 for block_id in self._index.values() if self._refcounts[block_id] == 0)
+
+    @property
+    def num_shared_blocks(self) -> int:
+        return sum(1 for refcount in self._refcounts if refcount > 1)
+
+    def refcount(self, block_id: int) -> int:
+        self._check_id(block_id)
+        return self._refcounts[block_id]
+
+    def block_hash(self, block_id: int) -> bytes | None:
+        self._check_id(block_id)
+        return self._hashes[block_id]
+
+    def is_free(self, block_id: int) -> bool:
+        self._check_id(block_id)
+        return self._refcounts[block_id] == 0
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, next block to be allocated first."""
+        return list(self._free)
+
+    def lookup(self, block_hash: bytes) -> int | None:
+        """The block indexed under `block_hash`, used or cached; None on a miss."""
+        return self._index.get(block_hash)
+
+    # -------------------------------------------------------------- mutations
+
+    def allocate(self) -> int | None:
+        """Pop the least recently freed block (refcount becomes 1); None when empty.
+
+        A cached block loses its hash: its content is about to be overwritten.
+        """
+        if not self._free:
+            return None
+        block_id, _ = self._free.popitem(last=False)
+        block_hash = self._hashes[block_id]
+        if block_hash is not None:
+            if self._index.get(block_hash) == block_id:
+                del self._index[block_hash]
+                self.num_evictions += 1
+            self._hashes[block_id] = None
+        self._refcounts[block_id] = 1
+        return block_id
+
+    def touch(self, block_id: int) -> None:
+        """Add a reference; a free (cached) block leaves the free queue."""
+        self._check_id(block_id)
+        if self._refcounts[block_id] == 0:
+            del self._free[block_id]
+        self._refcounts[block_id] += 1
+
+    def release(self, block_id: int) -> None:
+        """Drop a reference; at 0 the block joins the back of the free queue."""
+        self._check_id(block_id)
+        if self._refcounts[block_id] == 0:
+            raise ValueError(f"release: block {block_id} is already free")
+        self._refcounts[block_id] -= 1
+        if self._refcounts[block_id] == 0:
+            self._free[block_id] = None
+
+    def release_tail_first(self, block_table: list[int]) -> list[int]:
+        """Release a whole block table, last block first; returns the blocks now free.
+
+        The tail blocks reach the front of the LRU queue first, so they are evicted
+        before the prefix blocks that other requests are likelier to hit (vLLM's order).
+        """
+        freed = []
+        for block_id in reversed(block_table):
+            self.release(block_id)
+            if self._refcounts[block_id] == 0:
+                freed.append(block_id)
+        return freed
+
+    def register(self, block_id: int, block_hash: bytes) -> bool:
+        """Mark a full, written block as holding `block_hash` and index it.
+
+        First writer wins: if another block is already indexed under the hash,
+        the index keeps it and this block only records its hash (a duplicate).
+        Returns whether the index now maps the hash to this block.
+        """
+        self._check_id(block_id)
+        if self._refcounts[block_id] == 0:
+            raise ValueError(f"register: block {block_id} is free")
+        stored = self._hashes[block_id]
+        if stored is not None and stored != block_hash:
+            raise ValueError(f"register: block {block_id} already holds a different hash")
+        self._hashes[block_id] = block_hash
+        return self._index.setdefault(block_hash, block_id) == block_id
+
+    # ------------------------------------------------------------- invariants
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError when the queue, refcounts or index disagree."""
+        for block_id, refcount in enumerate(self._refcounts):
+            if refcount < 0:
+                raise AssertionError(f"block {block_id} has refcount {refcount}")
+            if (refcount == 0) != (block_id in self._free):
+                raise AssertionError(
+                    f"block {block_id} has refcount {refcount} but "
+                    f"{'is' if block_id in self._free else 'is not'} in the free queue"
+                )
+        if len(self._free) + self.num_used_blocks != self.num_blocks:
+            raise AssertionError("free + used blocks != total")
+        for block_hash, block_id in self._index.items():
+            if not 0 <= block_id < self.num_blocks:
+                raise AssertionError(f"hash index points at unknown block {block_id}")
+            if self._hashes[block_id] != block_hash:
+                raise AssertionError(
+                    f"hash index maps {block_hash.hex()} to block {block_id}, "
+                    "which holds a different hash"
+                )
+        # A block holding a hash it is not indexed under is a duplicate: allowed,
+        # as long as the index entry (if any) is another block with that hash,
+        # which the loop above has checked.
+
+    def _check_id(self, block_id: int) -> None:
+        if not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"block_id: {block_id} is not in [0, {self.num_blocks})")

@@ -1,0 +1,34 @@
+"""SequenceState: what the allocator knows about one live sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(a // -b)
+
+
+@dataclass
+class SequenceState:
+    """Token ids, block table and hash chain of one live sequence."""
+
+    token_ids: list[int]
+    # Mixed into the first block's hash (model id, LoRA id, ...).
+    extra_key: str
+    # Physical block ids in logical order; len == ceil(len(token_ids) / block_size).
+    block_table: list[int] = field(default_factory=list)
+    # Chained hashes of the leading full blocks (filled lazily, prefix caching only).
+    block_hashes: list[bytes] = field(default_factory=list)
+    # Leading blocks already registered in the prefix index.
+    num_registered_blocks: int = 0
+
+    def fork(self) -> SequenceState:
+        """A copy sharing the same physical blocks (the caller takes the references)."""
+        return SequenceState(
+            token_ids=list(self.token_ids),
+            extra_key=self.extra_key,
+            block_table=list(self.block_table),
+            block_hashes=list(self.block_hashes),
+            num_registered_blocks=self.num_registered_blocks,
+        )

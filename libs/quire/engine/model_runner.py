@@ -1,0 +1,87 @@
+"""ModelRunner: owns the weights and the physical KV cache; runs one SchedulerOutput."""
+
+from __future__ import annotations
+
+import torch
+
+from quire import kernels
+from quire.engine.scheduler import SchedulerOutput
+from quire.model.attention import AttentionMetadata
+from quire.model.config import ModelConfig
+from quire.model.llama import KVCache, LlamaModel
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, keys and values."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+class ModelRunner:
+    """Turns the scheduler's step object into flat tensors, runs the model, returns logits."""
+
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        c = model.config
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        # Zeroed, not empty: never-written slots must not hold NaNs a masked kernel could touch.
+        self.kv_caches: list[KVCache] = [
+            (
+                torch.zeros(shape, dtype=dtype, device=device),
+                torch.zeros(shape, dtype=dtype, device=device),
+            )
+            for _ in range(c.num_layers)
+        ]
+
+    def execute(self, step: SchedulerOutput) -> torch.Tensor:
+        """Logits `[num_sampling_seqs, vocab]` float32, rows in `step.scheduled` order."""
+        if step.copies:
+            mapping = torch.tensor(step.copies, dtype=torch.int64, device=self.device)
+            kernels.copy_blocks(
+                [k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping
+            )
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        cu_query_lens = [0]
+        context_lens: list[int] = []
+        sample_rows: list[int] = []
+        bs = self.block_size
+        for s in step.scheduled:
+            start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
+            input_ids.extend(s.seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            table = s.block_table
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            cu_query_lens.append(cu_query_lens[-1] + s.num_new_tokens)
+            context_lens.append(end)
+            if s.samples:
+                sample_rows.append(cu_query_lens[-1] - 1)
+        max_blocks = max(len(s.block_table) for s in step.scheduled)
+        tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in step.scheduled]
+
+        def t(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        meta = AttentionMetadata(
+            slot_mapping=t(slots, torch.int64),
+            block_tables=t(tables, torch.int32),
+            context_lens=t(context_lens, torch.int32),
+            cu_query_lens=t(cu_query_lens, torch.int32),
+            is_decode_only=all(s.num_new_tokens == 1 for s in step.scheduled),
+        )
+        hidden = self.model.forward(
+            t(input_ids, torch.int64), t(positions, torch.int64), self.kv_caches, meta
+        )
+        if not sample_rows:
+            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
+        return self.model.compute_logits(hidden[t(sample_rows, torch.int64)])

@@ -1,0 +1,197 @@
+"""Continuous-batching scheduler: FCFS admission, chunked prefill, preemption by recompute.
+
+Each step it decides how many tokens every sequence runs (token budget
+`max_num_batched_tokens`, at most `max_num_seqs` running), asks the block
+allocator for room in ONE batched call, and emits a `SchedulerOutput`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from quire.block.allocator import (
+    AdmitRequest,
+    AppendRequest,
+    BlockAllocator,
+    CommitRequest,
+    ForkRequest,
+    StepAllocation,
+)
+from quire.engine.sequence import SeqStatus, Sequence
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Budgets for one engine step."""
+
+    max_num_seqs: int = 256  # most sequences running at once
+    max_num_batched_tokens: int = 2048  # most tokens (prefill chunks + decodes) per step
+    extra_key: str = ""  # mixed into block hashes (model id)
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+
+
+@dataclass(frozen=True)
+class ScheduledSeq:
+    """One sequence in this step: run `num_new_tokens` starting at `num_computed_tokens`."""
+
+    seq: Sequence
+    num_computed_tokens: int
+    num_new_tokens: int
+    block_table: list[int]
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the sequence's end, so a token is sampled."""
+        return self.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """The one plain step object the model runner reads."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class Scheduler:
+    """Owns the waiting and running queues; the allocator owns the blocks."""
+
+    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
+        self.config = config
+        self.allocator = allocator
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._pending_frees: list[str] = []
+        self._pending_forks: list[ForkRequest] = []
+        self._pending_commits: dict[str, int] = {}
+        self.num_preemptions = 0
+
+    # --- queue changes coming from the engine ---------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def add_fork(self, parent: Sequence, child: Sequence) -> None:
+        """`child` was sampled from `parent`'s logits; it shares the parent's blocks."""
+        child.status = SeqStatus.RUNNING
+        child.num_computed_tokens = parent.num_computed_tokens
+        child.num_allocated_tokens = parent.num_allocated_tokens
+        self._pending_forks.append(ForkRequest(parent.seq_id, child.seq_id))
+        self.running.append(child)
+        self.running.sort(key=lambda s: s.priority)
+
+    def commit(self, seq: Sequence) -> None:
+        self._pending_commits[seq.seq_id] = seq.num_computed_tokens
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence; its blocks are freed next step."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+            self._pending_frees.append(seq.seq_id)
+        elif seq.status is SeqStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = SeqStatus.FINISHED
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def flush(self) -> None:
+        """Send pending frees and commits now (when idle, nothing else would carry them)."""
+        if self._pending_frees or self._pending_commits or self._pending_forks:
+            self.schedule()
+
+    # --- one step --------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Pick this step's work and make room for it in one allocator call."""
+        budget = self.config.max_num_batched_tokens
+        plan: dict[str, int] = {}  # seq_id -> tokens to compute this step (upper bound)
+        for seq in self.running:
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n > 0:
+                plan[seq.seq_id] = n
+                budget -= n
+        admits: list[Sequence] = []
+        num_slots = self.config.max_num_seqs - len(self.running)
+        for seq in self.waiting:
+            if budget <= 0 or len(admits) >= num_slots:
+                break
+            admits.append(seq)
+            plan[seq.seq_id] = min(seq.num_tokens, budget)
+            budget -= plan[seq.seq_id]
+
+        request = StepAllocation(
+            forks=tuple(self._pending_forks),
+            commits=tuple(CommitRequest(k, v) for k, v in self._pending_commits.items()),
+            frees=tuple(self._pending_frees),
+            appends=tuple(
+                AppendRequest(s.seq_id, tuple(s.token_ids[s.num_allocated_tokens :]))
+                for s in self.running
+            ),
+            admits=tuple(
+                AdmitRequest(s.seq_id, tuple(s.token_ids), self.config.extra_key) for s in admits
+            ),
+        )
+        self._pending_frees, self._pending_forks, self._pending_commits = [], [], {}
+        result = self.allocator.step(request)
+
+        out = SchedulerOutput(copies=list(result.copies))
+        by_id = {s.seq_id: s for s in self.running}
+        for seq_id in result.preempted:
+            seq = by_id[seq_id]
+            self.running.remove(seq)
+            self._requeue(seq)
+            out.preempted.append(seq)
+        self.num_preemptions += len(result.preempted)
+        for seq in self.running:
+            seq.num_allocated_tokens = seq.num_tokens
+            seq.block_table = result.block_tables[seq.seq_id]
+            if seq.seq_id in plan:
+                out.scheduled.append(self._scheduled(seq, plan[seq.seq_id]))
+        not_admitted = set(result.not_admitted)
+        for seq in admits:
+            if seq.seq_id in not_admitted:
+                continue
+            self.waiting.remove(seq)
+            seq.status = SeqStatus.RUNNING
+            seq.num_allocated_tokens = seq.num_tokens
+            seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
+            if seq.index == 0 and seq.request.num_cached_tokens == 0:
+                seq.request.num_cached_tokens = seq.num_computed_tokens
+            seq.block_table = result.block_tables[seq.seq_id]
+            self.running.append(seq)
+            n = min(plan[seq.seq_id], seq.num_tokens - seq.num_computed_tokens)
+            out.scheduled.append(self._scheduled(seq, n))
+        self.running.sort(key=lambda s: s.priority)
+        return out
+
+    @staticmethod
+    def _scheduled(seq: Sequence, num_new_tokens: int) -> ScheduledSeq:
+        return ScheduledSeq(seq, seq.num_computed_tokens, num_new_tokens, list(seq.block_table))
+
+    def _requeue(self, seq: Sequence) -> None:
+        """Preemption by recompute: forget computed KV, wait again in arrival order."""
+        seq.status = SeqStatus.WAITING
+        seq.num_computed_tokens = 0
+        seq.num_allocated_tokens = 0
+        seq.block_table = []
+        position = 0
+        while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
+            position += 1
+        self.waiting.insert(position, seq)

@@ -1,0 +1,83 @@
+"""Sequence and Request: the token-accounting state the scheduler moves around."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from quire.engine.detokenizer import IncrementalDetokenizer
+from quire.outputs import Logprob
+from quire.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """One output stream. `num_computed_tokens` catches up to `num_tokens`.
+
+    Prefill, chunked prefill, prefix hits and decode differ only in how far
+    `num_computed_tokens` lags behind `len(token_ids)`.
+    """
+
+    seq_id: str
+    request: Request
+    index: int  # position among the request's n outputs
+    token_ids: list[int]
+    arrival: int  # global FCFS order (ties broken by index)
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None = None
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed_tokens: int = 0
+    num_allocated_tokens: int = 0  # tokens the block allocator already holds slots for
+    block_table: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    text_len_emitted: int = 0  # characters of text already streamed
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def priority(self) -> tuple[int, int]:
+        return (self.arrival, self.index)
+
+    def is_finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
+
+
+@dataclass
+class Request:
+    """A prompt with its sampling params; owns 1..n sequences once sampling forks."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival: int
+    seqs: list[Sequence] = field(default_factory=list)
+    num_cached_tokens: int = 0
+
+    def is_finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.is_finished() for s in self.seqs)

@@ -1,0 +1,105 @@
+"""The offline API in vLLM's shape: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+
+from tqdm.auto import tqdm
+
+from quire.config import EngineConfig
+from quire.engine.llm_engine import EngineStats, LLMEngine, Prompt
+from quire.outputs import RequestOutput
+from quire.sampling_params import SamplingParams
+
+
+class LLM:
+    """A paged engine in this process. Arguments are EngineConfig's fields."""
+
+    def __init__(
+        self,
+        model: str,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        device: str = "auto",
+        seed: int = 0,
+    ) -> None:
+        self.engine = LLMEngine(
+            EngineConfig(
+                model=model,
+                block_size=block_size,
+                num_kv_blocks=num_kv_blocks,
+                enable_prefix_caching=enable_prefix_caching,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_model_len=max_model_len,
+                dtype=dtype,
+                device=device,
+                seed=seed,
+            )
+        )
+        self._ids = itertools.count()
+
+    def get_tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
+        return self.engine.tokenizer
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order.
+
+        Every prompt is validated before any is queued, so one bad prompt raises
+        ValueError without leaving the others half-run.
+        """
+        if isinstance(prompts, str | dict):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"got {len(params_list)} sampling_params for {len(prompts)} prompts"
+                )
+        for i, prompt in enumerate(prompts):
+            try:
+                self.engine.tokenize(prompt)
+            except ValueError as exc:
+                raise ValueError(f"prompts[{i}]: {exc}") from exc
+        ids = [f"gen-{next(self._ids)}" for _ in prompts]
+        added: list[str] = []
+        try:
+            for request_id, prompt, params in zip(ids, prompts, params_list, strict=True):
+                self.engine.add_request(request_id, prompt, params)
+                added.append(request_id)
+        except ValueError:
+            for request_id in added:
+                self.engine.abort_request(request_id)
+            raise
+        finals: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
+            for output in self._run(set(ids)):
+                finals[output.request_id] = output
+                bar.update(1)
+        return [finals[i] for i in ids]
+
+    def _run(self, pending: set[str]) -> Iterator[RequestOutput]:
+        while pending:
+            for output in self.engine.step():
+                if output.finished and output.request_id in pending:
+                    pending.discard(output.request_id)
+                    yield output

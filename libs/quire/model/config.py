@@ -1,0 +1,142 @@
+"""ModelConfig: what the forward pass needs to know, read from a Hugging Face config."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding parameters (rope_type default | linear | llama3)."""
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ("default", "linear", "llama3"):
+            raise ValueError(
+                f"rope_type {self.rope_type!r} is not supported (supported: default, linear, llama3)"
+            )
+        if self.theta <= 0 or self.factor <= 0:
+            raise ValueError("rope theta and factor must be positive")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of a Llama-family decoder, independent of where it came from."""
+
+    architecture: str  # one of SUPPORTED_ARCHITECTURES
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_model_len: int  # longest sequence (prompt + output) the model may see
+    rms_norm_eps: float = 1e-5
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    qkv_bias: bool = False  # Qwen2 and Llama attention_bias=True
+    o_bias: bool = False  # Llama attention_bias=True only
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    torch_dtype: str = "float32"  # dtype the checkpoint was saved in
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"unsupported architecture {self.architecture!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model config field {name} must be >= 1")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        """Read `path/config.json` through transformers' config classes."""
+        from transformers import AutoConfig
+
+        path = Path(path)
+        if not path.is_dir():
+            raise ValueError(f"model path {str(path)!r} is not a directory")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"model path {str(path)!r} has no config.json")
+        hf = AutoConfig.from_pretrained(path, local_files_only=True)
+        return cls.from_hf(hf)
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> ModelConfig:
+        archs = list(getattr(hf, "architectures", None) or [])
+        arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+        if arch is None:
+            raise ValueError(
+                f"unsupported architecture {archs or hf.model_type!r}; "
+                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        max_len = int(hf.max_position_embeddings)
+        # Sliding-window attention is exact full attention up to the window: cap there.
+        window = getattr(hf, "sliding_window", None)
+        if window and (arch != "Qwen2ForCausalLM" or getattr(hf, "use_sliding_window", False)):
+            max_len = min(max_len, int(window))
+        eos = hf.eos_token_id
+        eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
+        heads = int(hf.num_attention_heads)
+        head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+        attention_bias = bool(getattr(hf, "attention_bias", False))
+        return cls(
+            architecture=arch,
+            vocab_size=int(hf.vocab_size),
+            hidden_size=int(hf.hidden_size),
+            intermediate_size=int(hf.intermediate_size),
+            num_layers=int(hf.num_hidden_layers),
+            num_heads=heads,
+            num_kv_heads=int(getattr(hf, "num_key_value_heads", None) or heads),
+            head_dim=int(head_dim),
+            max_model_len=max_len,
+            rms_norm_eps=float(hf.rms_norm_eps),
+            rope=_rope_from_hf(hf),
+            qkv_bias=arch == "Qwen2ForCausalLM" or attention_bias,
+            o_bias=arch != "Qwen2ForCausalLM" and attention_bias,
+            mlp_bias=bool(getattr(hf, "mlp_bias", False)),
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            bos_token_id=hf.bos_token_id,
+            eos_token_ids=eos_ids,
+            torch_dtype=str(getattr(hf, "dtype", None) or "float32").removeprefix("torch."),
+        )
+
+
+def _rope_from_hf(hf: Any) -> RopeConfig:
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    return RopeConfig(
+        rope_type=rope_type,
+        theta=float(theta),
+        factor=float(params.get("factor", 1.0) or 1.0),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get("original_max_position_embeddings", hf.max_position_embeddings)
+        ),
+    )

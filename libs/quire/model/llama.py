@@ -1,0 +1,152 @@
+"""Llama-family decoder (Llama, Mistral, Qwen2) over a flattened, unpadded token batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from quire.model.attention import AttentionMetadata, PagedAttention
+from quire.model.config import ModelConfig
+from quire.model.rope import RotaryEmbedding
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # key, value: [num_blocks, block_size, kv_heads, D]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as transformers: normalize in float32, cast back, then scale.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer, with q/k/v and gate/up fused into single matmuls."""
+
+    input_norm: torch.Tensor
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * D, hidden]
+    qkv_bias: torch.Tensor | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+class LlamaModel:
+    """The forward pass: embeddings -> N x (attention + SwiGLU MLP) -> norm -> logits."""
+
+    def __init__(
+        self, config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device
+    ) -> None:
+        self.config = config
+        self.device = device
+        take = _Taker(state)
+        self.embed = take("model.embed_tokens.weight")
+        self.layers = [self._layer(take, i) for i in range(config.num_layers)]
+        self.norm = take("model.norm.weight")
+        if config.tie_word_embeddings:
+            take.discard("lm_head.weight")
+            self.lm_head = self.embed
+        else:
+            self.lm_head = take("lm_head.weight")
+        take.finish()
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_model_len, device)
+        self.attn = PagedAttention(
+            config.num_heads, config.num_kv_heads, config.head_dim, config.scale
+        )
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+
+    def _layer(self, take: _Taker, i: int) -> LayerWeights:
+        c = self.config
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        m = p + "mlp."
+        qkv_bias = (
+            torch.cat([take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")])
+            if c.qkv_bias
+            else None
+        )
+        gate_up_bias = (
+            torch.cat([take(m + "gate_proj.bias"), take(m + "up_proj.bias")])
+            if c.mlp_bias
+            else None
+        )
+        return LayerWeights(
+            input_norm=take(p + "input_layernorm.weight"),
+            qkv=torch.cat(
+                [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
+            ),
+            qkv_bias=qkv_bias,
+            o=take(a + "o_proj.weight"),
+            o_bias=take(a + "o_proj.bias") if c.o_bias else None,
+            post_norm=take(p + "post_attention_layernorm.weight"),
+            gate_up=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]),
+            gate_up_bias=gate_up_bias,
+            down=take(m + "down_proj.weight"),
+            down_bias=take(m + "down_proj.bias") if c.mlp_bias else None,
+        )
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states `[num_tokens, hidden]` after the final norm."""
+        c = self.config
+        eps = c.rms_norm_eps
+        h = F.embedding(input_ids, self.embed)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = rms_norm(h, layer.input_norm, eps)
+            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = q.view(-1, c.num_heads, c.head_dim)
+            k = k.view(-1, c.num_kv_heads, c.head_dim)
+            v = v.view(-1, c.num_kv_heads, c.head_dim).contiguous()
+            q, k = self.rotary(positions, q, k)
+            attn = self.attn(q.contiguous(), k.contiguous(), v, kv_cache, meta)
+            h = h + F.linear(attn.reshape(-1, self.q_size), layer.o, layer.o_bias)
+            x = rms_norm(h, layer.post_norm, eps)
+            gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
+            h = h + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+        return rms_norm(h, self.norm, eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits `[n, vocab]` for the selected hidden rows `[n, hidden]`."""
+        return F.linear(hidden, self.lm_head).float()
+
+
+class _Taker:
+    """Hands out checkpoint tensors once each, then names anything missing or left over."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+        self.used: set[str] = set()
+        self.missing: list[str] = []
+
+    def __call__(self, name: str) -> torch.Tensor:
+        self.used.add(name)
+        if name not in self.state:
+            self.missing.append(name)
+            return torch.empty(0)
+        return self.state[name]
+
+    def discard(self, name: str) -> None:
+        self.used.add(name)
+
+    def finish(self) -> None:
+        if self.missing:
+            shown = ", ".join(self.missing[:5])
+            raise ValueError(f"checkpoint is missing {len(self.missing)} tensors: {shown}")
+        extra = [n for n in self.state if n not in self.used and not n.endswith("inv_freq")]
+        if extra:
+            raise ValueError(f"checkpoint has {len(extra)} unexpected tensors: {extra[:5]}")

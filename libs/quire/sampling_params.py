@@ -1,0 +1,75 @@
+"""SamplingParams: how one request's tokens are chosen and when it stops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20  # most top-k logprobs returned per token
+MAX_N = 128  # most parallel samples per request
+MAX_STOP_STRINGS = 16
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling settings (vLLM's names and defaults). Validated on construction.
+
+    `temperature == 0` means greedy. `top_k` of None or 0 disables top-k.
+    """
+
+    n: int = 1  # number of output sequences (forked from one prompt, sharing its blocks)
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int | None = None  # keep the k most likely tokens; None or 0 = all
+    min_p: float = 0.0  # drop tokens below min_p * p(most likely), in [0, 1]
+    seed: int | None = None  # per-request seed: same seed, same output
+    max_tokens: int = 16  # most tokens generated per output sequence
+    stop: list[str] = field(default_factory=list)  # stop strings (not included in text)
+    stop_token_ids: list[int] = field(default_factory=list)  # extra stop tokens (kept in ids)
+    ignore_eos: bool = False  # keep generating past EOS
+    logprobs: int | None = None  # top-k logprobs per generated token (plus the sampled one)
+    presence_penalty: float = 0.0  # OpenAI-style, over generated tokens, in [-2, 2]
+    frequency_penalty: float = 0.0  # OpenAI-style, over generated tokens, in [-2, 2]
+    repetition_penalty: float = 1.0  # CTRL-style, over prompt + generated tokens, > 0
+    include_stop_str_in_output: bool = False  # keep a matched stop string in the text
+    skip_special_tokens: bool = True  # drop special tokens from the text
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 or None disables it), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop accepts at most {MAX_STOP_STRINGS} strings")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise ValueError("stop_token_ids must be non-negative integers")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1.0
+        )

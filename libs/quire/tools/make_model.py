@@ -1,0 +1,466 @@
+"""Generate deterministic random-weight checkpoints (plus tokenizer) in Hugging Face layout.
+
+Nothing is downloaded: the tokenizer is a byte-level BPE trained on ``corpus.txt`` beside this
+file, and the weights are drawn from per-tensor seeded CPU generators, so every run writes the
+same bytes. Used by tests (engine output is compared token-for-token with transformers) and by
+benchmarks.
+
+    python -m quire.tools.make_model --preset tiny --out models/quire-tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import (
+    Regex,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
+
+logger = logging.getLogger(__name__)
+
+CORPUS_PATH = Path(__file__).with_name("corpus.txt")
+VOCAB_SIZE = 4096
+# Order fixes the ids: <pad>=0, <s>=1, </s>=2, <|im_start|>=3, <|im_end|>=4.
+SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
+PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN = SPECIAL_TOKENS
+PAD_ID, BOS_ID, EOS_ID, IM_START_ID, IM_END_ID = range(len(SPECIAL_TOKENS))
+
+# transformers 5 loads model_type "qwen2" with Qwen2Tokenizer, which keeps only the vocab,
+# merges and post-processor of tokenizer.json and rebuilds the rest as NFC + this split +
+# ByteLevel. Qwen2 checkpoints get exactly that pipeline, so tokenizer.json and AutoTokenizer
+# agree (at the price of NFC: only NFC text round-trips byte-exactly there).
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# ChatML; the template writes bos itself because apply_chat_template encodes the rendered
+# text with add_special_tokens=False.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def _rope(theta: float) -> dict[str, Any]:
+    return {"rope_parameters": {"rope_type": "default", "rope_theta": theta}}
+
+
+_COMMON: dict[str, Any] = {
+    "hidden_act": "silu",
+    "attention_dropout": 0.0,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": False,
+}
+_LLAMA: dict[str, Any] = {
+    **_COMMON,
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+_TINY_SHAPE: dict[str, Any] = {
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+
+# HF config.json fields per preset; vocab size and special-token ids come from the tokenizer.
+# transformers 5 writes rope as `rope_parameters`; `tiny-mqa` deliberately uses the legacy
+# `rope_theta` + `rope_scaling` keys (as Llama-3 hub checkpoints do) so loaders meet both.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {**_LLAMA, **_TINY_SHAPE, "head_dim": 32, **_rope(10000.0)},
+    "bench": {
+        **_LLAMA,
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 14,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        **_rope(10000.0),
+    },
+    "tiny-mqa": {
+        **_LLAMA,
+        **_TINY_SHAPE,
+        "num_key_value_heads": 1,
+        "head_dim": 64,  # q_proj is 4 * 64 = 256 wide, twice hidden_size
+        "max_position_embeddings": 4096,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 512,
+        },
+    },
+    "tiny-qwen2": {
+        **_COMMON,
+        **_TINY_SHAPE,
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",  # q/k/v always carry biases; no head_dim key
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 4,
+        **_rope(1000000.0),
+    },
+    "tiny-mistral": {
+        **_COMMON,
+        **_TINY_SHAPE,
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "head_dim": 32,
+        "sliding_window": None,
+        **_rope(10000.0),
+    },
+}
+
+
+@dataclass(frozen=True)
+class InitScales:
+    """How random weights are drawn: decisive greedy logits, sane activations at 300+ tokens."""
+
+    embed_std: float = 1.0
+    """Std of untied token embeddings."""
+    tied_embed_std: float = 0.05
+    """Std of tied embeddings: kept small so the current token's own embedding in the residual
+    stream does not win the next-token logits (greedy decoding would repeat one token)."""
+    logit_std: float = 4.0
+    """Target std of output logits; top-2 gaps scale with it (gap < 1e-3 is ~0.1% at 4.0)."""
+    qk_gain: float = 1.5
+    """Gain on q/k projections: attention score std ~= qk_gain**2, so attention is not flat."""
+    norm_jitter: float = 0.1
+    """RMSNorm weights are 1 + N(0, norm_jitter), so a loader that drops them is caught."""
+    bias_std: float = 0.1
+    """Std of q/k/v biases (Qwen2): dropping any of them changes greedy output within ~10
+    tokens, while larger q biases make attention fixate and greedy decoding loop."""
+
+    def __post_init__(self) -> None:
+        for name in ("embed_std", "tied_embed_std", "logit_std", "qk_gain"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"InitScales.{name} must be positive")
+
+
+@functools.cache
+def tokenizer_json(style: str = "gpt2") -> str:
+    """Train the byte-level BPE tokenizer on the bundled corpus and return its tokenizer.json.
+
+    `style` "gpt2" splits words with the GPT-2 regex and round-trips any UTF-8 text; "qwen2"
+    matches what transformers rebuilds for Qwen2 (see QWEN2_SPLIT_REGEX). Deterministic: the
+    BPE trainer breaks count ties by pair ids, which follow byte order.
+    """
+    tokenizer = Tokenizer(models.BPE())
+    if style == "gpt2":
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif style == "qwen2":
+        tokenizer.normalizer = normalizers.NFC()
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    else:
+        raise ValueError(f"unknown tokenizer style {style!r}")
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    lines = CORPUS_PATH.read_text(encoding="utf-8").splitlines(keepends=True)
+    tokenizer.train_from_iterator(lines, trainer=trainer)
+    # Encoding a prompt prepends <s>, with the plain `tokenizers` library as well as with HF.
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A",
+        pair=f"{BOS_TOKEN} $A {BOS_TOKEN}:1 $B:1",
+        special_tokens=[(BOS_TOKEN, BOS_ID)],
+    )
+    for token_id, token in enumerate(SPECIAL_TOKENS):
+        assert tokenizer.token_to_id(token) == token_id, f"{token} must have id {token_id}"
+    assert tokenizer.get_vocab_size() == VOCAB_SIZE, "corpus too small for the target vocab"
+    return tokenizer.to_str(pretty=True)
+
+
+def build_config(preset: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return the full config.json dict for `preset`, with `overrides` applied on top."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    config = copy.deepcopy(PRESETS[preset]) | copy.deepcopy(overrides or {})
+    config |= {
+        "vocab_size": VOCAB_SIZE,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "dtype": "float32",
+        "use_cache": True,
+        "initializer_range": 0.02,
+    }
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        raise ValueError("attention_bias/mlp_bias are not generated for llama-style presets")
+    hidden, num_heads = config["hidden_size"], config["num_attention_heads"]
+    if hidden % num_heads or num_heads % config["num_key_value_heads"]:
+        raise ValueError("hidden_size % num_attention_heads and GQA grouping must divide evenly")
+    return config
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One stored tensor: its checkpoint name, shape and the normal it is drawn from."""
+
+    name: str
+    shape: tuple[int, ...]
+    mean: float
+    std: float
+
+
+def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSpec]:
+    """Return the spec of every stored tensor, in checkpoint order."""
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    num_heads, num_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // num_heads
+    tied = config["tie_word_embeddings"]
+    qkv_bias = config["model_type"] == "qwen2"
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    proj_std = 1.0 / math.sqrt(hidden)
+    qk_std = scales.qk_gain * proj_std
+    # logits = lm_head @ (final_norm * x_hat) with rms(x_hat) = 1, so their std over the vocab
+    # is lm_head_std * final_norm * sqrt(hidden). Untied: the head carries the scale. Tied: the
+    # head is the (small) embedding, so the final norm weight carries it.
+    if tied:
+        embed_std, lm_head_std = scales.tied_embed_std, scales.tied_embed_std
+    else:
+        embed_std, lm_head_std = scales.embed_std, scales.logit_std / math.sqrt(hidden)
+    final_norm_mean = scales.logit_std / (lm_head_std * math.sqrt(hidden))
+
+    def norm(name: str, mean: float = 1.0) -> TensorSpec:
+        return TensorSpec(name, (hidden,), mean, mean * scales.norm_jitter)
+
+    def linear(name: str, out_features: int, in_features: int, std: float) -> list[TensorSpec]:
+        specs = [TensorSpec(f"{name}.weight", (out_features, in_features), 0.0, std)]
+        if qkv_bias and name.endswith(("q_proj", "k_proj", "v_proj")):
+            specs.append(TensorSpec(f"{name}.bias", (out_features,), 0.0, scales.bias_std))
+        return specs
+
+    specs = [TensorSpec("model.embed_tokens.weight", (vocab, hidden), 0.0, embed_std)]
+    for i in range(config["num_hidden_layers"]):
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        specs.append(norm(f"model.layers.{i}.input_layernorm.weight"))
+        specs += linear(f"{attn}.q_proj", q_size, hidden, qk_std)
+        specs += linear(f"{attn}.k_proj", kv_size, hidden, qk_std)
+        specs += linear(f"{attn}.v_proj", kv_size, hidden, proj_std)
+        specs += linear(f"{attn}.o_proj", hidden, q_size, q_size**-0.5)
+        specs.append(norm(f"model.layers.{i}.post_attention_layernorm.weight"))
+        specs += linear(f"{mlp}.gate_proj", inter, hidden, proj_std)
+        specs += linear(f"{mlp}.up_proj", inter, hidden, proj_std)
+        specs += linear(f"{mlp}.down_proj", hidden, inter, inter**-0.5)
+    specs.append(norm("model.norm.weight", final_norm_mean))
+    if not tied:
+        specs.append(TensorSpec("lm_head.weight", (vocab, hidden), 0.0, lm_head_std))
+    return specs
+
+
+def _tensor_seed(seed: int, preset: str, name: str) -> int:
+    # Per-tensor seeds: a tensor's values do not depend on which other tensors exist. The
+    # preset is mixed in so that presets with equal shapes still get different weights.
+    digest = hashlib.sha256(f"{seed}:{preset}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def make_weights(
+    config: dict[str, Any], preset: str, seed: int, scales: InitScales | None = None
+) -> dict[str, torch.Tensor]:
+    """Draw every tensor in float32 on the CPU from its own seeded generator, in a fixed order."""
+    scales = scales or InitScales()
+    weights: dict[str, torch.Tensor] = {}
+    generator = torch.Generator(device="cpu")
+    for spec in parameter_specs(config, scales):
+        generator.manual_seed(_tensor_seed(seed, preset, spec.name))
+        tensor = torch.randn(spec.shape, generator=generator, dtype=torch.float32)
+        weights[spec.name] = tensor.mul_(spec.std).add_(spec.mean)
+    return weights
+
+
+def _shard(weights: dict[str, torch.Tensor], shard_size_bytes: int) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    shard_bytes = 0
+    for name, tensor in weights.items():
+        num_bytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and shard_bytes + num_bytes > shard_size_bytes:
+            shards.append([])
+            shard_bytes = 0
+        shards[-1].append(name)
+        shard_bytes += num_bytes
+    return shards
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _write_weights(
+    out: Path, weights: dict[str, torch.Tensor], shard_size_bytes: int | None
+) -> None:
+    metadata = {"format": "pt"}
+    if shard_size_bytes is None:
+        save_file(weights, str(out / "model.safetensors"), metadata=metadata)
+        return
+    if shard_size_bytes <= 0:
+        raise ValueError(f"shard_size_bytes must be positive, got {shard_size_bytes}")
+    shards = _shard(weights, shard_size_bytes)
+    weight_map: dict[str, str] = {}
+    for index, names in enumerate(shards, start=1):
+        filename = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        save_file({n: weights[n] for n in names}, str(out / filename), metadata=metadata)
+        weight_map |= dict.fromkeys(names, filename)
+    total_size = sum(t.numel() * t.element_size() for t in weights.values())
+    index_json = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+    _write_json(out / "model.safetensors.index.json", index_json)
+
+
+def _tokenizer_style(config: dict[str, Any]) -> str:
+    return "qwen2" if config["model_type"] == "qwen2" else "gpt2"
+
+
+def _write_tokenizer(out: Path, config: dict[str, Any]) -> None:
+    (out / "tokenizer.json").write_text(tokenizer_json(_tokenizer_style(config)), encoding="utf-8")
+    extra_special_tokens = [IM_START_TOKEN, IM_END_TOKEN]
+    tokenizer_config = {
+        "tokenizer_class": "TokenizersBackend",
+        "backend": "tokenizers",
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        # Byte-level BPE never needs one; an explicit null also stops Qwen2Tokenizer from
+        # appending its default "<|endoftext|>" unk token past the model's vocab.
+        "unk_token": None,
+        "extra_special_tokens": extra_special_tokens,
+        # Informational: transformers 5 ignores add_*_token when tokenizer.json exists and
+        # takes bos from its post-processor; other loaders read these flags.
+        "add_bos_token": True,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config["max_position_embeddings"],
+        "chat_template": CHAT_TEMPLATE,
+    }
+    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    special_tokens_map = {
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "pad_token": PAD_TOKEN,
+        "additional_special_tokens": extra_special_tokens,
+    }
+    _write_json(out / "special_tokens_map.json", special_tokens_map)
+    # transformers 5 reads chat_template.jinja (it wins over tokenizer_config's copy).
+    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+
+
+def make_checkpoint(
+    out_dir: str | Path,
+    preset: str,
+    *,
+    seed: int = 0,
+    shard_size_bytes: int | None = None,
+    overrides: dict[str, Any] | None = None,
+) -> Path:
+    """Write config, generation config, tokenizer and random float32 weights to `out_dir`.
+
+    The checkpoint is built in a temporary sibling directory and renamed into place, replacing
+    a previous checkpoint there; the same arguments always produce byte-identical files.
+    `shard_size_bytes` splits the weights into `model-0000X-of-0000N.safetensors` plus an index.
+    """
+    started = time.perf_counter()
+    out = Path(out_dir).resolve()
+    config = build_config(preset, overrides)
+    if out.exists() and any(out.iterdir()) and not (out / "config.json").exists():
+        raise FileExistsError(f"{out} exists and does not look like a checkpoint; not replacing")
+
+    style = _tokenizer_style(config)
+    logger.info(
+        "tokenizer: byte-level BPE (%s split), %d tokens, from %s",
+        style,
+        VOCAB_SIZE,
+        CORPUS_PATH.name,
+    )
+    tokenizer_json(style)
+    weights = make_weights(config, preset, seed)
+    num_params = sum(t.numel() for t in weights.values())
+    logger.info("weights: preset %s, seed %d, %s params (float32)", preset, seed, f"{num_params:,}")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    try:
+        tmp.chmod(0o755)
+        _write_json(tmp / "config.json", config)
+        generation_config = {
+            "bos_token_id": BOS_ID,
+            # Chat replies end with <|im_end|>, plain completions with </s>.
+            "eos_token_id": [EOS_ID, IM_END_ID],
+            "pad_token_id": PAD_ID,
+        }
+        _write_json(tmp / "generation_config.json", generation_config)
+        _write_tokenizer(tmp, config)
+        _write_weights(tmp, weights, shard_size_bytes)
+        for path in tmp.iterdir():
+            path.chmod(0o644)  # safetensors writes 0600
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    logger.info("wrote %s in %.1fs", out, time.perf_counter() - started)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command-line entry point: ``python -m quire.tools.make_model --preset tiny --out DIR``."""
+    parser = argparse.ArgumentParser(description="Generate a random-weight checkpoint.")
+    parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
+    parser.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")
+    parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument(
+        "--shard-size-mb", type=float, default=None, help="split weights into shards of this size"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    shard_size_bytes = None if args.shard_size_mb is None else int(args.shard_size_mb * 2**20)
+    make_checkpoint(args.out, args.preset, seed=args.seed, shard_size_bytes=shard_size_bytes)
+
+
+if __name__ == "__main__":
+    main()

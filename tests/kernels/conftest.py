@@ -1,0 +1,40 @@
+"""Kernel tests run the Triton kernels under the interpreter on CPU (--device cpu, the default)
+or compiled on the GPU (--device cuda), always against the torch reference."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+_KERNEL_MODULES = ("quire.kernels.triton_attention", "quire.kernels.triton_cache")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # @triton.jit reads TRITON_INTERPRET when it decorates a kernel, i.e. when
+    # quire.kernels.triton_* is first imported. pytest calls this hook as soon as this conftest
+    # is registered, which is before the test modules of this directory are imported.
+    if config.getoption("--device") != "cpu":
+        return
+    os.environ["TRITON_INTERPRET"] = "1"
+    imported_early = [name for name in _KERNEL_MODULES if name in sys.modules]
+    if imported_early and not all(sys.modules[name].IS_INTERPRETED for name in imported_early):
+        raise pytest.UsageError(
+            f"{imported_early} were imported before TRITON_INTERPRET=1 was set, so their "
+            "kernels are compiled for CUDA; import them lazily in the code that ran first"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _gpu_tests_need_cuda(request: pytest.FixtureRequest, device: str) -> None:
+    if request.node.get_closest_marker("gpu") is not None and device != "cuda":
+        pytest.skip("needs --device cuda")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cuda_is_available(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.fail("--device cuda but torch.cuda.is_available() is False", pytrace=False)

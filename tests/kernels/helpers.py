@@ -1,0 +1,112 @@
+"""Builders for paged-cache test batches and a naive dense attention to check them against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class PagedBatch:
+    """Sequences whose keys/values exist both densely (the truth) and in a paged cache."""
+
+    keys: list[torch.Tensor]  # per sequence: [context_len, num_kv_heads, head_dim]
+    values: list[torch.Tensor]  # per sequence: [context_len, num_kv_heads, head_dim]
+    key_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    value_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
+    context_lens: torch.Tensor  # [num_seqs] int32
+
+
+def make_paged_batch(
+    context_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int = 16,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int = 0,
+    shuffle: bool = True,
+) -> PagedBatch:
+    """Write random keys/values for each sequence into a paged cache.
+
+    Blocks are handed out in a shuffled order (so block tables are not contiguous), unused
+    slots hold NaN (so a kernel that reads past a context shows it), and block table
+    entries past a sequence's used blocks point at arbitrary valid blocks.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    num_blocks_per_seq = [-(-context_len // block_size) for context_len in context_lens]
+    max_blocks_per_seq = max(num_blocks_per_seq, default=0) + 1
+    num_blocks = sum(num_blocks_per_seq) + 3
+    order = torch.randperm(num_blocks, generator=generator) if shuffle else torch.arange(num_blocks)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(cache_shape, float("nan"))
+    value_cache = torch.full(cache_shape, float("nan"))
+    block_tables = torch.randint(
+        num_blocks, (len(context_lens), max_blocks_per_seq), generator=generator
+    )
+    keys, values = [], []
+    next_block = 0
+    for seq, context_len in enumerate(context_lens):
+        num_seq_blocks = num_blocks_per_seq[seq]
+        block_ids = order[next_block : next_block + num_seq_blocks]
+        next_block += num_seq_blocks
+        block_tables[seq, :num_seq_blocks] = block_ids
+        seq_keys = torch.randn(context_len, num_kv_heads, head_dim, generator=generator)
+        seq_values = torch.randn(context_len, num_kv_heads, head_dim, generator=generator)
+        positions = torch.arange(context_len)
+        key_cache[block_ids[positions // block_size], positions % block_size] = seq_keys
+        value_cache[block_ids[positions // block_size], positions % block_size] = seq_values
+        keys.append(seq_keys.to(dtype=dtype, device=device))
+        values.append(seq_values.to(dtype=dtype, device=device))
+    return PagedBatch(
+        keys=keys,
+        values=values,
+        key_cache=key_cache.to(dtype=dtype, device=device),
+        value_cache=value_cache.to(dtype=dtype, device=device),
+        block_tables=block_tables.to(dtype=torch.int32, device=device),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+    )
+
+
+def random_queries(
+    num_tokens: int,
+    num_heads: int,
+    head_dim: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    seed: int = 1,
+) -> torch.Tensor:
+    """Random queries, generated on the CPU so every device sees the same numbers."""
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(num_tokens, num_heads, head_dim, generator=generator)
+    return query.to(dtype=dtype, device=device)
+
+
+def cu_lens(lens: list[int], device: str = "cpu") -> torch.Tensor:
+    """Prefix sums [0, l0, l0+l1, ...] as int32."""
+    sums = [0]
+    for length in lens:
+        sums.append(sums[-1] + length)
+    return torch.tensor(sums, dtype=torch.int32, device=device)
+
+
+def dense_causal_attention(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Textbook attention in float64 for one sequence's chunk over contiguous keys/values.
+
+    Query row i sits at position context_len - query_len + i. Returns float64.
+    """
+    # query: [query_len, num_heads, head_dim]; keys, values: [context_len, num_kv_heads, head_dim]
+    query_len, num_heads, _ = query.shape
+    context_len, num_kv_heads, _ = keys.shape
+    group = num_heads // num_kv_heads
+    keys = keys.double().repeat_interleave(group, dim=1)
+    values = values.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query.double(), keys) * scale
+    query_positions = torch.arange(context_len - query_len, context_len, device=query.device)
+    key_positions = torch.arange(context_len, device=query.device)
+    scores[:, key_positions[None, :] > query_positions[:, None]] = float("-inf")
+    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)

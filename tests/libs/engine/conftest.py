@@ -1,0 +1,86 @@
+"""Checkpoints and a transformers oracle shared by the engine tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from quire.tools.make_model import make_checkpoint
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = REPO / "models" / "quire-tiny"
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    if not (TINY / "config.json").is_file():
+        make_checkpoint(TINY, "tiny")
+    return TINY
+
+
+@pytest.fixture(scope="session")
+def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """quire-tiny plus random configurations: MQA with llama3 rope; Qwen2 bias + tied."""
+    root = tmp_path_factory.mktemp("zoo")
+    return {
+        "tiny": tiny_model,
+        "tiny-mqa": make_checkpoint(root / "mqa", "tiny-mqa", seed=1),
+        "tiny-qwen2": make_checkpoint(root / "qwen2", "tiny-qwen2", seed=2),
+    }
+
+
+@dataclass
+class Reference:
+    token_ids: list[int]
+    gaps: list[float]  # top-2 logit gap at each generated position
+
+
+class HFOracle:
+    """Greedy transformers generate(), one prompt at a time (no padding), memoized."""
+
+    def __init__(self, path: Path) -> None:
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.model.eval()
+        self.cache: dict[tuple[tuple[int, ...], int], Reference] = {}
+
+    def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Reference:
+        key = (tuple(prompt_ids), max_new_tokens)
+        if key not in self.cache:
+            with torch.inference_mode():
+                out = self.model.generate(
+                    torch.tensor([prompt_ids]),
+                    attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                    max_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    output_logits=True,
+                    return_dict_in_generate=True,
+                    pad_token_id=0,
+                )
+            tokens = out.sequences[0, len(prompt_ids) :].tolist()
+            gaps = []
+            for logits in out.logits:
+                top2 = logits[0].float().topk(2).values
+                gaps.append(float(top2[0] - top2[1]))
+            self.cache[key] = Reference(tokens, gaps)
+        return self.cache[key]
+
+
+@pytest.fixture(scope="session")
+def oracles(model_zoo: dict[str, Path]) -> dict[str, HFOracle]:
+    return {name: HFOracle(path) for name, path in model_zoo.items()}
+
+
+def assert_matches_reference(got: list[int], ref: Reference, label: str) -> None:
+    """Token-exact, except a divergence where the reference's top-2 gap is below 1e-3."""
+    for j, (a, b) in enumerate(zip(got, ref.token_ids, strict=False)):
+        if a != b:
+            assert ref.gaps[j] < 1e-3, (
+                f"{label}: token {j} differs ({a} vs reference {b}) "
+                f"with a decisive top-2 gap {ref.gaps[j]:.2e}"
+            )
+            return
+    assert len(got) == len(ref.token_ids), f"{label}: {len(got)} tokens vs {len(ref.token_ids)}"
