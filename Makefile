@@ -37,6 +37,7 @@ model: $(MODELS)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from quire import kernels
+import quire.kernels as kernels
 from quire.engine.scheduler import SchedulerOutput
 from quire.model.attention import AttentionMetadata
 from quire.model.config import ModelConfig

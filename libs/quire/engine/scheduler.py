@@ -46,11 +46,7 @@ class ScheduledSeq:
     num_computed_tokens: int
     num_new_tokens: int
     block_table: list[int]
-
-    @property
-    def samples(self) -> bool:
-        """True when this chunk reaches the sequence's end, so a token is sampled."""
-        return self.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    samples: bool  # this chunk reaches the sequence's end, so a token is sampled
 
 
 @dataclass
@@ -183,7 +179,10 @@ class Scheduler:
 
     @staticmethod
     def _scheduled(seq: Sequence, num_new_tokens: int) -> ScheduledSeq:
-        return ScheduledSeq(seq, seq.num_computed_tokens, num_new_tokens, list(seq.block_table))
+        samples = seq.num_computed_tokens + num_new_tokens == seq.num_tokens
+        return ScheduledSeq(
+            seq, seq.num_computed_tokens, num_new_tokens, list(seq.block_table), samples
+        )
 
     def _requeue(self, seq: Sequence) -> None:
         """Preemption by recompute: forget computed KV, wait again in arrival order."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quire import kernels
+import quire.kernels as kernels
 
 
 @dataclass
