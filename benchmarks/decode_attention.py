@@ -2,6 +2,10 @@
 
     python -m benchmarks.decode_attention [--device cuda|cpu] [--output PATH]
 
+Backends: "triton" (CUDA only) and "torch" (the reference, Quire's CPU path) read the paged
+cache; "sdpa_dense" is the baseline: torch's scaled_dot_product_attention over the same keys
+and values laid out contiguously, i.e. what paging has to compete with.
+
 Bytes counted per call: every context token's key and value once (the query heads of a GQA
 group share them), plus the queries read and the outputs written. Block tables are shuffled,
 as they are after the allocator has churned. On CUDA the L2 cache is flushed before each timed
@@ -22,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from quire.kernels import reference
 
 RESULTS_PATH = Path("bench/results/decode_attention.json")
@@ -108,27 +113,45 @@ def _time_cpu_ms(fn: Callable[[], object], budget_s: float = 0.5) -> float:
     return statistics.median(times_ms)
 
 
+def _backends(
+    device: str, inputs: tuple[torch.Tensor, ...], scale: float
+) -> dict[str, Callable[[], torch.Tensor]]:
+    # Each backend as a no-argument call on this point's inputs, returning [batch, heads, dim].
+    query, key_cache, value_cache, block_tables, context_lens = inputs
+    backends: dict[str, Callable[[], torch.Tensor]] = {}
+    if device == "cuda":
+        from quire.kernels import triton_attention
+
+        backends["triton"] = lambda: triton_attention.paged_decode_attention(*inputs, scale)
+    backends["torch"] = lambda: reference.paged_decode_attention(*inputs, scale)
+
+    # Baseline: the same attention over contiguous K/V, [batch, kv_heads, context, dim], which
+    # is what paging has to compete with. All sequences share one length, so no mask.
+    block_ids = block_tables.long()
+    dense_keys = key_cache[block_ids].flatten(1, 2).transpose(1, 2).contiguous()
+    dense_values = value_cache[block_ids].flatten(1, 2).transpose(1, 2).contiguous()
+    backends["sdpa_dense"] = lambda: F.scaled_dot_product_attention(
+        query[:, :, None], dense_keys, dense_values, scale=scale, enable_gqa=True
+    )[:, :, 0]
+    return backends
+
+
 def run(device: str) -> tuple[BenchConfig, list[Result]]:
     """Time every (batch size, context length) point of the device's sweep."""
     config = CUDA_CONFIG if device == "cuda" else CPU_CONFIG
     scale = config.head_dim**-0.5
-    backends: dict[str, Callable[..., torch.Tensor]] = {}
-    if device == "cuda":
-        from quire.kernels import triton_attention
-
-        backends["triton"] = triton_attention.paged_decode_attention
-    backends["torch"] = reference.paged_decode_attention
     time_ms = _time_cuda_ms if device == "cuda" else _time_cpu_ms
 
     results = []
     for context_len in config.context_lens:
         for batch_size in config.batch_sizes:
             inputs = _make_inputs(config, batch_size, context_len, device)
-            expected = reference.paged_decode_attention(*inputs, scale)
+            expected = reference.paged_decode_attention(*inputs, scale).float()
             num_bytes = _bytes_moved(config, batch_size, context_len)
+            backends = _backends(device, inputs, scale)
             for backend, fn in backends.items():
-                diff = (fn(*inputs, scale).float() - expected.float()).abs().max().item()
-                elapsed_ms = time_ms(lambda fn=fn, inputs=inputs: fn(*inputs, scale))
+                diff = (fn().float() - expected).abs().max().item()
+                elapsed_ms = time_ms(fn)
                 results.append(
                     Result(
                         backend=backend,
@@ -139,7 +162,7 @@ def run(device: str) -> tuple[BenchConfig, list[Result]]:
                         max_abs_diff=None if backend == "torch" else diff,
                     )
                 )
-            del inputs, expected
+            del inputs, expected, backends
     return config, results
 
 
@@ -147,21 +170,24 @@ def _print_table(results: list[Result]) -> None:
     points = sorted({(r.batch_size, r.context_len) for r in results}, key=lambda p: (p[1], p[0]))
     backends = list(dict.fromkeys(r.backend for r in results))
     by_key = {(r.backend, r.batch_size, r.context_len): r for r in results}
+    widths = {backend: max(len(backend) + 5, 10) for backend in backends}
     header = f"{'batch':>6} {'context':>8}"
     for backend in backends:
-        header += f" {backend + ' ms':>11} {backend + ' GB/s':>12}"
+        width = widths[backend]
+        header += f" {backend + ' ms':>{width}} {backend + ' GB/s':>{width}}"
     if "triton" in backends:
-        header += f" {'speedup':>8} {'max diff':>9}"
+        header += f" {'vs torch':>9} {'max diff':>9}"
     print(header)
     for batch_size, context_len in points:
         line = f"{batch_size:>6} {context_len:>8}"
         for backend in backends:
             result = by_key[(backend, batch_size, context_len)]
-            line += f" {result.time_ms:>11.3f} {result.gb_per_s:>12.1f}"
+            width = widths[backend]
+            line += f" {result.time_ms:>{width}.3f} {result.gb_per_s:>{width}.1f}"
         if "triton" in backends:
             fast = by_key[("triton", batch_size, context_len)]
             slow = by_key[("torch", batch_size, context_len)]
-            line += f" {slow.time_ms / fast.time_ms:>7.1f}x {fast.max_abs_diff:>9.2e}"
+            line += f" {slow.time_ms / fast.time_ms:>8.1f}x {fast.max_abs_diff:>9.2e}"
         print(line)
 
 
@@ -171,7 +197,7 @@ def main() -> None:
         "--device",
         choices=("cuda", "cpu"),
         default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cuda: Triton and the torch reference; cpu: the torch reference",
+        help="cuda: Triton, the torch reference and dense SDPA; cpu: the last two",
     )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH, help="JSON results path")
     args = parser.parse_args()

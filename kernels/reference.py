@@ -40,6 +40,20 @@ def _check_context_lens(
         )
 
 
+def _gather_positions(
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # block_tables: [num_seqs, max_blocks_per_seq]; positions: [num_seqs, num_positions]
+    # Returns keys, values: [num_seqs, num_positions, num_kv_heads, head_dim] float32.
+    block_size = key_cache.shape[1]
+    block_ids = block_tables.long().gather(1, positions // block_size)
+    offsets = positions % block_size
+    return key_cache[block_ids, offsets].float(), value_cache[block_ids, offsets].float()
+
+
 def write_kv_cache(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -114,20 +128,6 @@ def paged_decode_attention(
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
-def _gather_positions(
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    positions: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    # block_tables: [num_seqs, max_blocks_per_seq]; positions: [num_seqs, num_positions]
-    # Returns keys, values: [num_seqs, num_positions, num_kv_heads, head_dim] float32.
-    block_size = key_cache.shape[1]
-    block_ids = block_tables.long().gather(1, positions // block_size)
-    offsets = positions % block_size
-    return key_cache[block_ids, offsets].float(), value_cache[block_ids, offsets].float()
-
-
 def paged_prefill_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -165,11 +165,20 @@ def paged_prefill_attention(
     group = shape.query_group_size
 
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    # Single-token queries (decodes riding along with prefill chunks) take the batched
+    # decode path in one call; only real chunks loop per sequence.
+    is_single = query_lens == 1
+    if bool(is_single.any()):
+        single = is_single.nonzero().squeeze(1)
+        rows = cu_query_lens[:-1][single].long()
+        out[rows] = paged_decode_attention(
+            query[rows], key_cache, value_cache, block_tables[single], context_lens[single], scale
+        )
     bounds = cu_query_lens.tolist()
     for seq, context_len in enumerate(context_lens.tolist()):
         start, end = bounds[seq], bounds[seq + 1]
         query_len = end - start
-        if query_len == 0:
+        if query_len <= 1:
             continue
         positions = torch.arange(context_len, device=query.device)
         keys, values = _gather_positions(
@@ -181,8 +190,8 @@ def paged_prefill_attention(
         # they stack as rows of one matmul per kv head.
         q = query[start:end].float().reshape(query_len, num_kv_heads, group, head_dim)
         q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * query_len, head_dim)
-        # scores: [num_kv_heads, group, query_len, context_len]
         scores = torch.matmul(q, keys.permute(1, 2, 0)) * scale
+        # scores: [num_kv_heads, group, query_len, context_len]
         scores = scores.view(num_kv_heads, group, query_len, context_len)
         query_positions = positions[context_len - query_len :]
         is_future = positions[None, :] > query_positions[:, None]

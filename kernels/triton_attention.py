@@ -267,6 +267,25 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _decode_tile(head_dim: int) -> int:
+    # TILE_N: 4096-element K/V tiles over 8 warps, 16 elements a thread; no register spills
+    # on sm_90 for head_dim 32..256.
+    return max(16, 4096 // head_dim)
+
+
+def _prefill_tiles(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
+    # (BLOCK_M, BLOCK_N, num_warps). Picked by compiling for sm_90 and keeping the largest
+    # tiles that do not spill registers; not yet tuned by timing on a GPU. fp32 runs the
+    # dots on CUDA cores (ieee), which needs far more registers than 16-bit tensor cores.
+    if dtype == torch.float32:
+        return 16, 16, 4 if head_dim <= 128 else 8
+    if head_dim <= 64:
+        return 64, 64, 8
+    if head_dim <= 128:
+        return 64, 32, 8
+    return 32, 32, 8
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -287,7 +306,6 @@ def paged_decode_attention(
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     if shape.num_seqs == 0:
         return out
-    head_dim = shape.cache.head_dim
     grid = (shape.num_seqs, shape.num_heads)
     _paged_decode_attention_kernel[grid](
         out,
@@ -304,9 +322,8 @@ def paged_decode_attention(
         *block_tables.stride(),
         QUERY_GROUP_SIZE=shape.query_group_size,
         BLOCK_SIZE=shape.cache.block_size,
-        HEAD_DIM=head_dim,
-        # 4096 elements a tile over 8 warps: 16 a thread, no register spills up to dim 256.
-        TILE_N=max(16, 4096 // head_dim),
+        HEAD_DIM=shape.cache.head_dim,
+        TILE_N=_decode_tile(shape.cache.head_dim),
         num_warps=8,
     )
     return out
@@ -338,11 +355,7 @@ def paged_prefill_attention(
     if num_tokens == 0:
         return out
     head_dim = shape.cache.head_dim
-    if query.dtype == torch.float32:
-        # fp32 tiles take twice the registers; halve the tiles.
-        block_m, block_n = 32, 32
-    else:
-        block_m, block_n = 64, 64 if head_dim <= 128 else 32
+    block_m, block_n, num_warps = _prefill_tiles(head_dim, query.dtype)
     # Each sequence gets cdiv(q_s, BLOCK_M) tiles, plus at most one that exits at once.
     grid = (num_tokens // block_m + shape.num_seqs, shape.num_heads)
     _paged_prefill_attention_kernel[grid](
@@ -366,6 +379,7 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         DOT_PRECISION=_dot_precision(query.dtype),
-        num_warps=4,
+        num_warps=num_warps,
+        num_stages=2,
     )
     return out
