@@ -5,9 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MODELS := models/quire-tiny/config.json models/quire-bench/config.json
+PROTOS := $(wildcard protos/quire/rpc/*.proto)
+RPC_STAMP := libs/quire/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install model test test-fast lint format bench-engine bench-kernels gpu-check clean
+.PHONY: help install proto redis model test test-fast lint format bench-engine bench-kernels gpu-check clean
 
 help:
 	@echo "make test          install everything, lint, run the whole suite"
@@ -24,7 +26,19 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) $(RPC_STAMP)
+
+# gRPC stubs (with .pyi) are generated from protos/ into the quire.rpc package, never committed.
+$(RPC_STAMP): $(STAMP) $(PROTOS)
+	rm -rf libs/quire/rpc && mkdir -p libs/quire/rpc
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=libs --grpc_python_out=libs --pyi_out=libs $(PROTOS)
+	echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > $(RPC_STAMP)
+
+proto: $(RPC_STAMP)
+
+# A real redis-server for the stack and the integration tests (Debian package).
+redis:
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 
 models/quire-tiny/config.json: $(STAMP) libs/quire/tools/make_model.py
 	$(PY) -m quire.tools.make_model --preset tiny --out models/quire-tiny
@@ -34,7 +48,7 @@ models/quire-bench/config.json: $(STAMP) libs/quire/tools/make_model.py
 
 model: $(MODELS)
 
-lint: $(STAMP)
+lint: $(STAMP) $(RPC_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -43,7 +57,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint model
+test: lint model redis
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench-engine: model

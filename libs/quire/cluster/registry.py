@@ -1,0 +1,77 @@
+"""Redis layout shared by router, executors and memory managers (values are msgpack).
+
+Redis holds only metadata that can be rebuilt: losing it degrades routing, never
+correctness. Keys (``prefix`` defaults to ``quire``):
+
+``{prefix}:executors``                 SET of executor ids that ever announced themselves
+                                        (members whose record expired are dead; routers
+                                        ignore them and remove them lazily).
+``{prefix}:executor:{id}``              msgpack `ExecutorRecord`, TTL `LIVENESS_TTL_S`,
+                                        refreshed by the executor every `HEARTBEAT_S`.
+``{prefix}:prefix:{id}:{epoch}``        SET of 16-byte chained block hashes whose KV is
+                                        cached on that executor incarnation. The memory
+                                        manager adds a hash when a block is registered
+                                        and removes it when the block is evicted, deletes
+                                        the key when the executor deregisters, dies or
+                                        changes epoch, and refreshes its TTL
+                                        (`PREFIX_TTL_S`) while it lives.
+
+A router finds the longest cached prefix of a prompt on every live executor in one
+pipelined round trip: SMISMEMBER of the prompt's block hashes on each executor's
+``prefix`` key, counting leading hits. Entries under an epoch other than the live
+record's are stale and never read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import msgpack
+
+LIVENESS_TTL_S = 2.0  # an executor record lives this long without a heartbeat
+HEARTBEAT_S = 0.5  # executors refresh their record this often
+PREFIX_TTL_S = 30.0  # prefix sets vanish this long after their manager stops refreshing
+
+
+def executors_key(prefix: str) -> str:
+    return f"{prefix}:executors"
+
+
+def executor_key(prefix: str, executor_id: str) -> str:
+    return f"{prefix}:executor:{executor_id}"
+
+
+def prefix_key(prefix: str, executor_id: str, epoch: int) -> str:
+    return f"{prefix}:prefix:{executor_id}:{epoch}"
+
+
+@dataclass(frozen=True)
+class ExecutorRecord:
+    """Liveness and load of one executor incarnation, as published to Redis."""
+
+    executor_id: str
+    address: str  # host:port of its gRPC Executor service
+    epoch: int  # changes on every process start
+    model: str  # served model name
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_cached: int = 0
+    draining: bool = False  # finishing its work, taking no new requests
+    updated_at: float = 0.0  # unix time of this heartbeat
+
+    def encode(self) -> bytes:
+        return msgpack.packb(asdict(self))
+
+    @classmethod
+    def decode(cls, data: bytes) -> ExecutorRecord:
+        fields = msgpack.unpackb(data)
+        if not isinstance(fields, dict):
+            raise ValueError("executor record is not a map")
+        known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+    def stamped(self) -> ExecutorRecord:
+        return ExecutorRecord(**{**asdict(self), "updated_at": time.time()})

@@ -1,0 +1,1 @@
+"""Quire services: thin network shells around libs/."""
