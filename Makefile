@@ -9,9 +9,11 @@ PROTOS := $(wildcard protos/quire/rpc/*.proto)
 RPC_STAMP := libs/quire/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install proto redis model test test-fast lint format bench-engine bench-kernels gpu-check clean
+.PHONY: help install proto redis model up down test test-fast lint format bench-engine bench-kernels gpu-check clean
 
 help:
+	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
+	@echo "make down          stop it"
 	@echo "make test          install everything, lint, run the whole suite"
 	@echo "make model         generate models/quire-tiny and models/quire-bench"
 	@echo "make bench-engine  offline engine benchmark against transformers"
@@ -48,6 +50,13 @@ models/quire-bench/config.json: $(STAMP) libs/quire/tools/make_model.py
 
 model: $(MODELS)
 
+# The whole stack as local processes (Redis, memory manager, 2 executors, router on :8000).
+up: model redis $(RPC_STAMP)
+	$(PY) -m services.stack up
+
+down:
+	@test -x $(PY) && $(PY) -m services.stack down || true
+
 lint: $(STAMP) $(RPC_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -71,4 +80,4 @@ gpu-check: $(STAMP)
 	$(PY) -m benchmarks.decode_attention --device cuda
 
 clean:
-	rm -rf $(VENV) models bench/results
+	rm -rf $(VENV) models bench/results libs/quire/rpc .run
