@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
 from quire.kernels import reference
 
 RESULTS_PATH = Path("bench/results/decode_attention.json")

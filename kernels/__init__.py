@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 
 import torch
+
 from quire.kernels import reference
 
 __all__ = [

@@ -18,6 +18,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+
 from quire.kernels import checks
 
 # Softmax uses exp2; the scale is folded with log2(e) on the host.

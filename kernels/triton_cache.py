@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 import triton
 import triton.language as tl
+
 from quire.kernels import checks
 
 # Decided once, when the kernels are decorated: TRITON_INTERPRET=1 runs them on CPU tensors.

@@ -23,6 +23,8 @@ class StackConfig:
     executor_base_port: int = 50061  # executor i listens on base + i
     num_executors: int = 2
     num_kv_blocks: int = 2048  # per executor
+    max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
+    max_pending_total: int = 1024  # router admission: in-flight requests overall
     redis_prefix: str = "quire"
     python: str = sys.executable  # interpreter for the Python services
     redis_server: str = "redis-server"
@@ -139,6 +141,10 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 c.redis_url,
                 "--redis-prefix",
                 c.redis_prefix,
+                "--max-pending-per-executor",
+                str(c.max_pending_per_executor),
+                "--max-pending-total",
+                str(c.max_pending_total),
             ],
             ready=("http", f"{c.router_url}/health"),
         )

@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 import torch
 import triton
-from quire.kernels import triton_attention, triton_cache
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+
+from quire.kernels import triton_attention, triton_cache
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}

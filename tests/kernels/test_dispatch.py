@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 import pytest
-import quire.kernels as kernels
 import torch
-from quire.kernels import reference, triton_attention, triton_cache
 
+import quire.kernels as kernels
+from quire.kernels import reference, triton_attention, triton_cache
 from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
 
 

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from quire.kernels import reference
 
+from quire.kernels import reference
 from tests.kernels.helpers import (
     cu_lens,
     dense_causal_attention,

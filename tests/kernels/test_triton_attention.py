@@ -6,8 +6,8 @@ import math
 
 import pytest
 import torch
-from quire.kernels import reference, triton_attention
 
+from quire.kernels import reference, triton_attention
 from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
 
 HEAD_SHAPES = [(4, 4), (4, 2), (8, 2), (4, 1)]

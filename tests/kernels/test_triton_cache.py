@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from quire.kernels import reference, triton_cache
 
+from quire.kernels import reference, triton_cache
 from tests.kernels.helpers import random_queries
 
 

@@ -20,6 +20,7 @@ from quire.block.hashing import (
 )
 from quire.block.manager import BlockManager, LocalBlockAllocator
 from quire.block.pool import BlockPool
+from quire.block.restore import LiveSequenceState
 
 __all__ = [
     "HASH_SIZE",
@@ -31,6 +32,7 @@ __all__ = [
     "BlockPool",
     "CommitRequest",
     "ForkRequest",
+    "LiveSequenceState",
     "LocalBlockAllocator",
     "StepAllocation",
     "StepAllocationResult",

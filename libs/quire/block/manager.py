@@ -5,6 +5,11 @@ quire.block.allocator): forks, commits, frees, appends (preempting from the end
 of the appends list when the pool runs dry), then FCFS admits, skipped entirely
 when anything was preempted. The request is validated as a whole first, so a
 malformed one raises ValueError and changes nothing.
+
+For a memory-manager service: `restore()` rebuilds an empty manager from an
+executor's live sequences (see quire.block.restore), and `drain_index_events()`
+reports what entered and left the prefix index since the last call, for mirroring
+it into Redis.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from quire.block.allocator import (
 from quire.block.appends import AppendPhase
 from quire.block.hashing import extend_block_hashes
 from quire.block.pool import BlockPool
+from quire.block.restore import LiveSequenceState, validate_live_sequences
 from quire.block.sequence import SequenceState, cdiv
 from quire.block.validation import validate_step
 
@@ -70,6 +76,50 @@ class BlockManager:
             num_copies=self._num_copies,
             num_preemptions=self._num_preemptions,
         )
+
+    def indexed_hashes(self) -> list[bytes]:
+        """Every block hash in the prefix index (used or cached blocks)."""
+        return self.pool.indexed_hashes()
+
+    def drain_index_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(added, removed) prefix-index hashes since the last call; cleared on read.
+
+        The net change: `added` were newly indexed (a commit or restore registered
+        them), `removed` were evicted (their cached block was reused). The lists
+        are disjoint; see `BlockPool.drain_index_events`.
+        """
+        return self.pool.drain_index_events()
+
+    # ---------------------------------------------------------------- restore
+
+    def restore(self, live: list[LiveSequenceState]) -> None:
+        """Rebuild state on an EMPTY manager from an executor's live sequences.
+
+        Refcounts become the number of tables referencing each block, every other
+        block is free (in id order), and with prefix caching the hashes of each
+        sequence's full computed blocks are registered (first in `live` wins).
+        Raises ValueError, changing nothing, if the manager is not empty or `live`
+        is inconsistent (see quire.block.restore).
+        """
+        if self._seqs or self.pool.num_used_blocks or self.pool.indexed_hashes():
+            raise ValueError("restore: the manager is not empty")
+        all_hashes = validate_live_sequences(live, self.num_blocks, self.block_size)
+        for state, hashes in zip(live, all_hashes, strict=True):
+            num_registered = 0
+            if self.enable_prefix_caching:
+                num_registered = state.num_computed_tokens // self.block_size
+            seq = SequenceState(
+                token_ids=list(state.token_ids),
+                extra_key=state.extra_key,
+                block_table=list(state.block_table),
+                block_hashes=hashes if self.enable_prefix_caching else [],
+                num_registered_blocks=num_registered,
+            )
+            for block_id in seq.block_table:
+                self.pool.touch(block_id)
+            for index in range(num_registered):
+                self.pool.register(seq.block_table[index], hashes[index])
+            self._seqs[state.seq_id] = seq
 
     # ------------------------------------------------------------------- step
 

@@ -10,6 +10,9 @@ The free queue is in LRU order: `allocate` takes from the front, `release`
 appends to the back, `touch` removes a cached block from the middle in O(1)
 (an OrderedDict keyed by block id). A cached block's hash leaves the index only
 when the block is popped for reuse, so blocks stay findable as long as possible.
+
+Index changes are recorded for publishing (the memory manager mirrors the index
+into Redis): `drain_index_events` returns the net change since its last call.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class BlockPool:
         self._index: dict[bytes, int] = {}
         # Cached blocks whose hash was dropped from the index to reuse them.
         self.num_evictions = 0
+        # hash -> whether it was indexed at the last drain, for every hash whose
+        # presence differs from then; holds at most 2 * num_blocks entries.
+        self._index_changes: dict[bytes, bool] = {}
 
     # ---------------------------------------------------------------- queries
 
@@ -75,6 +81,23 @@ class BlockPool:
         """The block indexed under `block_hash`, used or cached; None on a miss."""
         return self._index.get(block_hash)
 
+    def indexed_hashes(self) -> list[bytes]:
+        """Every hash in the prefix index (used or cached blocks), oldest entry first."""
+        return list(self._index)
+
+    def drain_index_events(self) -> tuple[list[bytes], list[bytes]]:
+        """(added, removed): the net change of the index since the last call, then reset.
+
+        `added` holds hashes indexed now that were not at the last call, `removed`
+        hashes indexed then that are not now (evicted to reuse their block); both
+        in order of first change. A hash indexed and evicted in between appears in
+        neither, so applying the two lists in any order reproduces the index.
+        """
+        added = [h for h, was_indexed in self._index_changes.items() if not was_indexed]
+        removed = [h for h, was_indexed in self._index_changes.items() if was_indexed]
+        self._index_changes.clear()
+        return added, removed
+
     # -------------------------------------------------------------- mutations
 
     def allocate(self) -> int | None:
@@ -90,6 +113,7 @@ class BlockPool:
             if self._index.get(block_hash) == block_id:
                 del self._index[block_hash]
                 self.num_evictions += 1
+                self._record_index_change(block_hash, indexed=False)
             self._hashes[block_id] = None
         self._refcounts[block_id] = 1
         return block_id
@@ -137,7 +161,19 @@ class BlockPool:
         if stored is not None and stored != block_hash:
             raise ValueError(f"register: block {block_id} already holds a different hash")
         self._hashes[block_id] = block_hash
-        return self._index.setdefault(block_hash, block_id) == block_id
+        if block_hash not in self._index:
+            self._index[block_hash] = block_id
+            self._record_index_change(block_hash, indexed=True)
+        return self._index[block_hash] == block_id
+
+    def _record_index_change(self, block_hash: bytes, *, indexed: bool) -> None:
+        was_indexed = self._index_changes.get(block_hash)
+        if was_indexed is None:
+            self._index_changes[block_hash] = not indexed
+        else:
+            # Back to its state at the last drain: no net change to report.
+            assert was_indexed == indexed, f"hash {block_hash.hex()} changed state twice"
+            del self._index_changes[block_hash]
 
     # ------------------------------------------------------------- invariants
 
@@ -161,6 +197,9 @@ class BlockPool:
                     f"hash index maps {block_hash.hex()} to block {block_id}, "
                     "which holds a different hash"
                 )
+        for block_hash, was_indexed in self._index_changes.items():
+            if (block_hash in self._index) == was_indexed:
+                raise AssertionError(f"index event for {block_hash.hex()} reports no change")
         # A block holding a hash it is not indexed under is a duplicate: allowed,
         # as long as the index entry (if any) is another block with that hash,
         # which the loop above has checked.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 
 from quire.block.allocator import AllocatorStats, BlockAllocator
 from quire.block.manager import BlockManager
+from quire.block.restore import LiveSequenceState
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
 from quire.engine.detokenizer import IncrementalDetokenizer, find_stop
 from quire.engine.model_runner import ModelRunner, kv_bytes_per_block
@@ -41,8 +43,22 @@ class EngineStats:
 class LLMEngine:
     """The paged engine: continuous batching over a block allocator and a model runner."""
 
-    def __init__(self, config: EngineConfig, allocator: BlockAllocator | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        allocator: BlockAllocator | None = None,
+        allocator_factory: Callable[[int], BlockAllocator] | None = None,
+    ) -> None:
+        """Load the model and size the KV pool.
+
+        `allocator` is used as given; otherwise `allocator_factory(num_blocks)` builds one
+        once the pool is sized (a remote allocator must know its size before the engine
+        starts); otherwise an in-process `BlockManager`.
+        """
         from transformers import AutoTokenizer
+
+        if allocator is not None and allocator_factory is not None:
+            raise ValueError("pass allocator or allocator_factory, not both")
 
         self.config = config
         path = resolve_model_path(config.model)
@@ -59,12 +75,18 @@ class LLMEngine:
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot load the tokenizer from {str(path)!r}: {exc}") from exc
         self.eos_token_ids = _eos_token_ids(path, model_config.eos_token_ids, self.tokenizer)
-        num_blocks = self._num_blocks(model_config)
-        self.allocator = allocator or BlockManager(
-            num_blocks, config.block_size, config.enable_prefix_caching
-        )
+        if allocator is None:
+            num_blocks = self._num_blocks(model_config)
+            if allocator_factory is not None:
+                allocator = allocator_factory(num_blocks)
+            else:
+                allocator = BlockManager(
+                    num_blocks, config.block_size, config.enable_prefix_caching
+                )
+        self.allocator = allocator
+        # The KV tensors hold exactly the blocks the allocator hands out.
         self.runner = ModelRunner(
-            self.model, num_blocks, config.block_size, self.dtype, self.device
+            self.model, self.allocator.num_blocks, config.block_size, self.dtype, self.device
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -172,6 +194,26 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    def live_sequences(self) -> list[LiveSequenceState]:
+        """Every running sequence as the allocator last granted it.
+
+        What an executor re-registers with after its memory manager lost state. A forked
+        child whose fork the allocator has not processed yet has no block table and is left
+        out (the pending fork creates it).
+        """
+        extra_key = self.scheduler.config.extra_key
+        return [
+            LiveSequenceState(
+                seq_id=seq.seq_id,
+                token_ids=tuple(seq.token_ids[: seq.num_allocated_tokens]),
+                block_table=tuple(seq.block_table),
+                num_computed_tokens=seq.num_computed_tokens,
+                extra_key=extra_key,
+            )
+            for seq in self.scheduler.running
+            if seq.block_table
+        ]
 
     # --- one step ----------------------------------------------------------------------------
 

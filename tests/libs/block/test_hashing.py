@@ -6,6 +6,7 @@ import hashlib
 import struct
 
 import pytest
+
 from quire.block.hashing import HASH_SIZE, extend_block_hashes, hash_block, hash_full_blocks
 
 # Computed once from the documented encoding. If one of these changes, every

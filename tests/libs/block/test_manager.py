@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
+
 from quire.block import (
     AdmitRequest,
     AppendRequest,

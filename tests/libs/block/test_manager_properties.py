@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from quire.block import (
     AdmitRequest,
     AppendRequest,

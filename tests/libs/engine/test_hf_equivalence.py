@@ -6,8 +6,8 @@ import random
 from pathlib import Path
 
 import pytest
-from quire import LLM, SamplingParams
 
+from quire import LLM, SamplingParams
 from tests.libs.engine.conftest import HFOracle, assert_matches_reference
 
 PROMPT_LENGTHS = [1, 2, 7, 15, 16, 17, 31, 32, 33, 48, 64, 100, 150, 201, 256, 300]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from quire import LLM, SamplingParams
 
+from quire import LLM, SamplingParams
 from tests.libs.engine.conftest import HFOracle, Reference, assert_matches_reference
 
 

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from quire.tools import make_model
-from quire.tools.make_model import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, PAD_ID, VOCAB_SIZE
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from quire.tools import make_model
+from quire.tools.make_model import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, PAD_ID, VOCAB_SIZE
 
 TEST_PRESETS = ["tiny", "tiny-mqa", "tiny-qwen2", "tiny-mistral"]
 # Mixed scripts, emoji with ZWJ, a decomposed accent (non-NFC), tabs and runs of spaces.

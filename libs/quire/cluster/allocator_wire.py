@@ -1,0 +1,129 @@
+"""Field-for-field translation between quire.block's allocator dataclasses and quire.v1 protos.
+
+Both ends use it: the memory manager's servicer (proto -> StepAllocation, result ->
+proto) and `RemoteBlockAllocator` (the reverse), so the two stay exact mirrors.
+"""
+
+from __future__ import annotations
+
+from quire.block.allocator import (
+    AdmitRequest,
+    AllocatorStats,
+    AppendRequest,
+    CommitRequest,
+    ForkRequest,
+    StepAllocation,
+    StepAllocationResult,
+)
+from quire.block.restore import LiveSequenceState
+from quire.rpc import memory_manager_pb2 as pb
+
+
+def step_to_proto(executor_id: str, epoch: int, step: StepAllocation) -> pb.StepRequest:
+    """The Step request carrying one engine step's allocation."""
+    return pb.StepRequest(
+        executor_id=executor_id,
+        epoch=epoch,
+        forks=[
+            pb.Fork(parent_seq_id=f.parent_seq_id, child_seq_id=f.child_seq_id) for f in step.forks
+        ],
+        commits=[
+            pb.Commit(seq_id=c.seq_id, num_computed_tokens=c.num_computed_tokens)
+            for c in step.commits
+        ],
+        frees=list(step.frees),
+        appends=[pb.Append(seq_id=a.seq_id, token_ids=a.token_ids) for a in step.appends],
+        admits=[
+            pb.Admit(seq_id=a.seq_id, token_ids=a.token_ids, extra_key=a.extra_key)
+            for a in step.admits
+        ],
+    )
+
+
+def step_from_proto(request: pb.StepRequest) -> StepAllocation:
+    """The StepAllocation a Step request describes."""
+    return StepAllocation(
+        forks=tuple(ForkRequest(f.parent_seq_id, f.child_seq_id) for f in request.forks),
+        commits=tuple(CommitRequest(c.seq_id, c.num_computed_tokens) for c in request.commits),
+        frees=tuple(request.frees),
+        appends=tuple(AppendRequest(a.seq_id, tuple(a.token_ids)) for a in request.appends),
+        admits=tuple(
+            AdmitRequest(a.seq_id, tuple(a.token_ids), a.extra_key) for a in request.admits
+        ),
+    )
+
+
+def result_to_proto(result: StepAllocationResult) -> pb.StepResponse:
+    """The Step response for an allocator result."""
+    return pb.StepResponse(
+        block_tables={
+            seq_id: pb.BlockTable(block_ids=table) for seq_id, table in result.block_tables.items()
+        },
+        num_cached_tokens=result.num_cached_tokens,
+        copies=[pb.BlockCopy(src=src, dst=dst) for src, dst in result.copies],
+        preempted=result.preempted,
+        not_admitted=result.not_admitted,
+    )
+
+
+def result_from_proto(response: pb.StepResponse) -> StepAllocationResult:
+    """The allocator result a Step response carries."""
+    return StepAllocationResult(
+        block_tables={
+            seq_id: list(table.block_ids) for seq_id, table in response.block_tables.items()
+        },
+        num_cached_tokens=dict(response.num_cached_tokens),
+        copies=[(copy.src, copy.dst) for copy in response.copies],
+        preempted=list(response.preempted),
+        not_admitted=list(response.not_admitted),
+    )
+
+
+def live_to_proto(state: LiveSequenceState) -> pb.LiveSequence:
+    """One live sequence for a Register request."""
+    return pb.LiveSequence(
+        seq_id=state.seq_id,
+        token_ids=state.token_ids,
+        block_table=state.block_table,
+        num_computed_tokens=state.num_computed_tokens,
+        extra_key=state.extra_key,
+    )
+
+
+def live_from_proto(message: pb.LiveSequence) -> LiveSequenceState:
+    """The live sequence a Register request describes."""
+    return LiveSequenceState(
+        seq_id=message.seq_id,
+        token_ids=tuple(message.token_ids),
+        block_table=tuple(message.block_table),
+        num_computed_tokens=message.num_computed_tokens,
+        extra_key=message.extra_key,
+    )
+
+
+def stats_to_proto(stats: AllocatorStats) -> pb.PoolStats:
+    """PoolStats for a GetStats response."""
+    return pb.PoolStats(
+        num_blocks_total=stats.num_blocks_total,
+        num_blocks_used=stats.num_blocks_used,
+        num_blocks_cached=stats.num_blocks_cached,
+        num_blocks_shared=stats.num_blocks_shared,
+        prefix_cache_queries=stats.prefix_cache_queries,
+        prefix_cache_hits=stats.prefix_cache_hits,
+        num_copies=stats.num_copies,
+        num_preemptions=stats.num_preemptions,
+    )
+
+
+def stats_from_proto(message: pb.PoolStats) -> AllocatorStats:
+    """AllocatorStats from a GetStats response."""
+    return AllocatorStats(
+        num_blocks_total=message.num_blocks_total,
+        num_blocks_used=message.num_blocks_used,
+        num_blocks_cached=message.num_blocks_cached,
+        num_blocks_shared=message.num_blocks_shared,
+        prefix_cache_queries=message.prefix_cache_queries,
+        prefix_cache_hits=message.prefix_cache_hits,
+        num_copies=message.num_copies,
+        num_preemptions=message.num_preemptions,
+    )

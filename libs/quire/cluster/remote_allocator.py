@@ -1,0 +1,281 @@
+"""RemoteBlockAllocator: the `BlockAllocator` protocol served by a memory manager over gRPC.
+
+The executor's engine loop is synchronous and calls `step()` once per engine step,
+so this client uses a synchronous gRPC channel: one Step RPC per call, the same
+`StepAllocation` in and `StepAllocationResult` out as the in-process `BlockManager`.
+Calls are serialized by a lock, so a heartbeat thread may call `stats()` safely.
+
+Errors: INVALID_ARGUMENT (a malformed step; the manager changed nothing) raises
+ValueError, like `BlockManager`; FAILED_PRECONDITION (our epoch is stale: another
+incarnation of this executor registered since) raises `StaleEpochError`; the
+manager staying unreachable raises `AllocatorUnavailableError`.
+
+Restart handling. The executor is the source of truth for its live sequences.
+When Step fails with NOT_FOUND (the manager restarted and forgot us) or
+UNAVAILABLE / DEADLINE_EXCEEDED (it is down, or the answer was lost, so the step
+may or may not have been applied), the client:
+
+1. re-registers with `live_sequences()`, the executor's truth BEFORE this step's
+   changes (token ids and block tables as the allocator last granted them, and
+   the tokens computed so far). The manager rebuilds its state from exactly that,
+   which makes the retry idempotent whether or not the failed step was applied;
+2. retries the same step, filtered against the live set: commits and frees of
+   sequences the new manager does not know are dropped (their blocks are simply
+   free now); forks of an unknown parent and appends to an unknown sequence are
+   a bug in the caller and raise ValueError; admits are kept as they are.
+
+Unreachable managers are retried with exponential backoff (re-registering before
+every retry) for at most `retry_total_s` seconds, then `AllocatorUnavailableError`
+is raised. `register()` retries the same way, so an executor may start first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+import grpc
+import structlog
+
+from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocationResult
+from quire.block.restore import LiveSequenceState
+from quire.cluster.allocator_wire import (
+    live_to_proto,
+    result_from_proto,
+    stats_from_proto,
+    step_to_proto,
+)
+from quire.rpc import memory_manager_pb2 as pb
+from quire.rpc import memory_manager_pb2_grpc as pb_grpc
+
+log = structlog.get_logger(__name__)
+
+# The manager is down or did not answer in time (a Step may or may not have applied).
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+# Codes after which the manager may have lost us or our step: re-register, retry.
+_RECOVERABLE = (grpc.StatusCode.NOT_FOUND, *_UNREACHABLE)
+# Reconnect quickly once a restarted manager listens again (gRPC's default waits up to 120 s).
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+class RemoteAllocatorError(RuntimeError):
+    """The memory manager refused or failed a call."""
+
+
+class AllocatorUnavailableError(RemoteAllocatorError):
+    """The memory manager could not be reached (for longer than the retry budget)."""
+
+
+class StaleEpochError(RemoteAllocatorError):
+    """The manager knows a newer incarnation of this executor (FAILED_PRECONDITION)."""
+
+
+def filter_step(request: StepAllocation, live_ids: set[str]) -> StepAllocation:
+    """`request` without the commits and frees of sequences outside `live_ids`.
+
+    Used after re-registering with a manager that knows only `live_ids`. Children
+    forked in this step count as known from their fork on. Raises ValueError for
+    a fork whose parent or an append whose sequence is unknown (a caller bug).
+    """
+    known = set(live_ids)
+    for fork in request.forks:
+        if fork.parent_seq_id not in known:
+            raise ValueError(
+                f"forks: parent_seq_id {fork.parent_seq_id!r} is not a live sequence "
+                "of this executor (live_sequences() and the step disagree)"
+            )
+        known.add(fork.child_seq_id)
+    for append in request.appends:
+        if append.seq_id not in known:
+            raise ValueError(
+                f"appends: seq_id {append.seq_id!r} is not a live sequence "
+                "of this executor (live_sequences() and the step disagree)"
+            )
+    return StepAllocation(
+        forks=request.forks,
+        commits=tuple(c for c in request.commits if c.seq_id in known),
+        frees=tuple(seq_id for seq_id in request.frees if seq_id in known),
+        appends=request.appends,
+        admits=request.admits,
+    )
+
+
+class RemoteBlockAllocator:
+    """A `BlockAllocator` whose state lives in a memory manager (one Step RPC per step)."""
+
+    def __init__(
+        self,
+        target: str,
+        executor_id: str,
+        epoch: int,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool,
+        address: str,
+        live_sequences: Callable[[], list[LiveSequenceState]],
+        timeout_s: float = 5.0,
+        retry_total_s: float = 30.0,
+        min_backoff_s: float = 0.05,
+        max_backoff_s: float = 1.0,
+    ) -> None:
+        self.target = target
+        self.executor_id = executor_id
+        self.epoch = epoch
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.address = address
+        self.live_sequences = live_sequences
+        self.timeout_s = timeout_s
+        self.retry_total_s = retry_total_s
+        self.min_backoff_s = min_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.manager_id: str | None = None  # from the last successful Register
+        self.num_registrations = 0
+        self._lock = threading.Lock()
+        self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.MemoryManagerStub(self._channel)
+
+    # ------------------------------------------------------------ the protocol
+
+    def step(self, request: StepAllocation) -> StepAllocationResult:
+        """Apply one engine step on the manager; re-register and retry if it lost us."""
+        with self._lock:
+            message = step_to_proto(self.executor_id, self.epoch, request)
+            try:
+                response = self._stub.Step(message, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() not in _RECOVERABLE:
+                    raise _translate(exc, "Step") from exc
+                log.warning(
+                    "memory manager lost this executor; re-registering",
+                    executor_id=self.executor_id,
+                    code=exc.code().name,
+                )
+                response = self._recover_and_step(request, exc)
+            return result_from_proto(response)
+
+    def stats(self) -> AllocatorStats:
+        """The executor's pool counters on the manager (one attempt, no re-registration)."""
+        with self._lock:
+            try:
+                message = self._stub.GetStats(
+                    pb.GetStatsRequest(executor_id=self.executor_id), timeout=self.timeout_s
+                )
+            except grpc.RpcError as exc:
+                raise _translate(exc, "GetStats") from exc
+            return stats_from_proto(message)
+
+    # ------------------------------------------------------------- lifecycle
+
+    def register(self) -> str:
+        """Announce this executor with its live sequences; returns the manager's id.
+
+        Retries while the manager is unreachable (up to `retry_total_s`).
+        """
+        with self._lock:
+            deadline = time.monotonic() + self.retry_total_s
+            backoff = self.min_backoff_s
+            while True:
+                try:
+                    self._register_once()
+                    assert self.manager_id is not None
+                    return self.manager_id
+                except grpc.RpcError as exc:
+                    if exc.code() not in _UNREACHABLE or time.monotonic() >= deadline:
+                        raise _translate(exc, "Register") from exc
+                backoff = self._sleep(backoff, deadline)
+
+    def deregister(self) -> None:
+        """Tell the manager this incarnation is leaving (its blocks and prefix key go)."""
+        with self._lock:
+            request = pb.DeregisterRequest(executor_id=self.executor_id, epoch=self.epoch)
+            try:
+                self._stub.Deregister(request, timeout=self.timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise _translate(exc, "Deregister") from exc
+
+    def close(self) -> None:
+        """Close the channel (does not deregister)."""
+        self._channel.close()
+
+    def __enter__(self) -> RemoteBlockAllocator:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --------------------------------------------------------------- helpers
+
+    def _register_once(self) -> list[LiveSequenceState]:
+        live = self.live_sequences()
+        request = pb.RegisterRequest(
+            executor_id=self.executor_id,
+            epoch=self.epoch,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            address=self.address,
+            live_sequences=[live_to_proto(state) for state in live],
+        )
+        response = self._stub.Register(request, timeout=self.timeout_s)
+        self.manager_id = response.manager_id
+        self.num_registrations += 1
+        log.info(
+            "registered with memory manager",
+            executor_id=self.executor_id,
+            epoch=self.epoch,
+            manager_id=self.manager_id,
+            num_live_sequences=len(live),
+        )
+        return live
+
+    def _recover_and_step(self, request: StepAllocation, error: grpc.RpcError) -> pb.StepResponse:
+        deadline = time.monotonic() + self.retry_total_s
+        backoff = self.min_backoff_s
+        # A manager that answered NOT_FOUND is up: re-register at once.
+        if error.code() != grpc.StatusCode.NOT_FOUND:
+            backoff = self._sleep(backoff, deadline)
+        while True:
+            try:
+                live = self._register_once()
+                filtered = filter_step(request, {state.seq_id for state in live})
+                message = step_to_proto(self.executor_id, self.epoch, filtered)
+                response: pb.StepResponse = self._stub.Step(message, timeout=self.timeout_s)
+                return response
+            except grpc.RpcError as exc:
+                if exc.code() not in _RECOVERABLE:
+                    raise _translate(exc, "Step") from exc
+                if time.monotonic() >= deadline:
+                    raise AllocatorUnavailableError(
+                        f"memory manager at {self.target} unreachable for "
+                        f"{self.retry_total_s:.0f} s: {exc.code().name} {exc.details()}"
+                    ) from exc
+            backoff = self._sleep(backoff, deadline)
+
+    def _sleep(self, backoff: float, deadline: float) -> float:
+        time.sleep(max(0.0, min(backoff, deadline - time.monotonic())))
+        return min(backoff * 2, self.max_backoff_s)
+
+
+def _translate(exc: grpc.RpcError, call: str) -> Exception:
+    code, details = exc.code(), exc.details()
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ValueError(details)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return StaleEpochError(details)
+    if code in _RECOVERABLE:
+        return AllocatorUnavailableError(f"{call}: {code.name}: {details}")
+    return RemoteAllocatorError(f"{call}: {code.name}: {details}")

@@ -1,0 +1,159 @@
+"""Which executor serves a request: prefix-cache affinity weighed against load. Pure, no I/O.
+
+The router gathers, for one prompt, the live executors (`ExecutorRecord`s from Redis) and how
+many of the prompt's leading full blocks each one holds in its prefix cache; this module
+turns that into one choice and the reason for it:
+
+``prefix_hit``       an executor holding part of the prompt wins on score (cached tokens
+                     minus a cost per queued request and for KV pressure).
+``consistent_hash``  nobody holds the prompt's first block: rendezvous (HRW) hashing of the
+                     first block hash (or of the token ids of a prompt shorter than a block)
+                     sends every sibling of a new prefix to the same executor, which then
+                     caches it for the rest of the burst.
+``load_balance``     the load-aware pick overrode affinity: the consistent-hash choice was
+                     overloaded, or a lightly loaded executor out-scored the prefix holders.
+``prefix_capped``    the prefix is cached only on executors too loaded to take more (their
+                     load exceeds the least-loaded one's by more than the gap and the ratio
+                     of `RoutingConfig`), so the request goes to the least-loaded one instead.
+                     This is what stops one hot shared prefix from piling every request on
+                     one executor.
+
+Draining and excluded executors (marked down, at their admission bound, already tried) are
+never chosen. Ties are broken by HRW rank, so equal inputs always give the same choice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from quire.cluster.registry import ExecutorRecord
+
+REASONS = ("prefix_hit", "consistent_hash", "load_balance", "prefix_capped")
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """Knobs of the policy; the defaults suit executors of equal size."""
+
+    block_size: int = 16  # tokens per KV block (must match the executors)
+    load_cost_tokens: float = 16.0  # score cost of one running/waiting request, in cached tokens
+    kv_cost_tokens: float = 64.0  # score cost of a full KV cache (scaled by the used fraction)
+    max_load_gap: int = 4  # an executor this many requests above the least loaded ...
+    max_load_ratio: float = 2.0  # ... and this many times its load loses its prefix bonus
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.load_cost_tokens < 0 or self.kv_cost_tokens < 0:
+            raise ValueError("load_cost_tokens and kv_cost_tokens must be >= 0")
+        if self.max_load_gap < 0:
+            raise ValueError(f"max_load_gap must be >= 0, got {self.max_load_gap}")
+        if self.max_load_ratio < 1:
+            raise ValueError(f"max_load_ratio must be >= 1, got {self.max_load_ratio}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One live executor as the router sees it for this prompt."""
+
+    record: ExecutorRecord
+    num_cached_blocks: int = 0  # leading prompt blocks in its prefix cache
+    num_pending: int = 0  # requests this router has in flight there (fresher than the record)
+
+    @property
+    def executor_id(self) -> str:
+        return self.record.executor_id
+
+    @property
+    def load(self) -> int:
+        """Queued work: the record's running + waiting, or this router's own count if higher."""
+        return max(self.record.num_running + self.record.num_waiting, self.num_pending)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of the KV pool in use, 0.0 when unknown."""
+        total = self.record.kv_blocks_total
+        return min(1.0, self.record.kv_blocks_used / total) if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class RoutingDecision:
+    """The chosen executor and why."""
+
+    executor_id: str
+    address: str
+    reason: str  # one of REASONS
+    num_cached_tokens: int  # prompt tokens expected to be served from its prefix cache
+
+
+def routing_key(block_hashes: Sequence[bytes], prompt_token_ids: Sequence[int]) -> bytes:
+    """What consistent hashing hashes: the first block hash, or the tokens of a short prompt."""
+    if block_hashes:
+        return block_hashes[0]
+    return struct.pack(f"<{len(prompt_token_ids)}I", *prompt_token_ids)
+
+
+def hrw_weight(key: bytes, executor_id: str) -> int:
+    """Rendezvous-hashing weight of one executor for one key (stable across processes)."""
+    digest = hashlib.blake2b(key + b"\x00" + executor_id.encode("utf-8"), digest_size=8)
+    return int.from_bytes(digest.digest(), "little")
+
+
+def is_overloaded(load: int, least_load: int, config: RoutingConfig) -> bool:
+    """True when `load` exceeds the least load by more than both the gap and the ratio."""
+    return load - least_load > config.max_load_gap and load > least_load * config.max_load_ratio
+
+
+def choose_executor(
+    candidates: Sequence[Candidate],
+    block_hashes: Sequence[bytes],
+    prompt_token_ids: Sequence[int],
+    config: RoutingConfig | None = None,
+    exclude: Collection[str] = (),
+) -> RoutingDecision | None:
+    """Pick the executor for a prompt; None when no candidate may take it.
+
+    `block_hashes` are the prompt's chained full-block hashes (`hash_full_blocks`), used only
+    for the consistent-hash key; `candidates[i].num_cached_blocks` says how many of them
+    executor i holds.
+    """
+    config = config or RoutingConfig()
+    eligible = [c for c in candidates if not c.record.draining and c.executor_id not in exclude]
+    if not eligible:
+        return None
+    key = routing_key(block_hashes, prompt_token_ids)
+    rank = {c.executor_id: hrw_weight(key, c.executor_id) for c in eligible}
+    least_load = min(c.load for c in eligible)
+    open_ = [c for c in eligible if not is_overloaded(c.load, least_load, config)]
+    open_ids = {c.executor_id for c in open_}
+
+    def cached_tokens(c: Candidate) -> int:
+        return c.num_cached_blocks * config.block_size
+
+    def score(c: Candidate) -> float:
+        return (
+            cached_tokens(c) - config.load_cost_tokens * c.load - config.kv_cost_tokens * c.kv_usage
+        )
+
+    holders = [c for c in eligible if c.num_cached_blocks > 0]
+    if holders:
+        best = max(open_, key=lambda c: (score(c), -c.load, rank[c.executor_id]))
+        if best.num_cached_blocks > 0:
+            reason = "prefix_hit"
+        elif any(c.executor_id in open_ids for c in holders):
+            reason = "load_balance"
+        else:
+            reason = "prefix_capped"
+        return _decision(best, reason, cached_tokens(best))
+    top = max(eligible, key=lambda c: rank[c.executor_id])
+    if top.executor_id in open_ids:
+        return _decision(top, "consistent_hash", 0)
+    best = max(open_, key=lambda c: (-c.load, -c.kv_usage, rank[c.executor_id]))
+    return _decision(best, "load_balance", 0)
+
+
+def _decision(c: Candidate, reason: str, num_cached_tokens: int) -> RoutingDecision:
+    return RoutingDecision(c.executor_id, c.record.address, reason, num_cached_tokens)

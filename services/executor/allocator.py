@@ -1,0 +1,85 @@
+"""Which block allocator the engine uses: in-process, or a memory manager over gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import structlog
+
+from quire.block.allocator import BlockAllocator
+from quire.block.restore import LiveSequenceState
+from quire.cluster.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
+from services.executor.settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
+
+log = structlog.get_logger("quire.executor.allocator")
+
+LiveSequences = Callable[[], list[LiveSequenceState]]
+
+
+def allocator_factory(
+    settings: ExecutorSettings,
+    executor_id: str,
+    epoch: int,
+    address: str,
+    live_sequences: LiveSequences,
+) -> Callable[[int], BlockAllocator] | None:
+    """A factory the engine calls once it has sized the pool; None for the in-process one.
+
+    `live_sequences` is only called by the remote allocator when it re-registers (its
+    memory manager lost state); it runs on the engine thread, inside a step.
+    """
+    if settings.memory_manager == LOCAL_MEMORY_MANAGER:
+        return None
+
+    def make(num_blocks: int) -> BlockAllocator:
+        return RemoteBlockAllocator(
+            target=settings.memory_manager,
+            executor_id=executor_id,
+            epoch=epoch,
+            num_blocks=num_blocks,
+            block_size=settings.block_size,
+            enable_prefix_caching=settings.enable_prefix_caching,
+            address=address,
+            live_sequences=live_sequences,
+            timeout_s=settings.memory_manager_timeout_s,
+        )
+
+    return make
+
+
+async def register(
+    allocator: BlockAllocator, should_stop: Callable[[], bool], max_backoff_s: float = 5.0
+) -> bool:
+    """Register with the memory manager, retrying while it is unreachable; False if told
+    to stop first. Any other refusal (a bad configuration) raises.
+
+    A manager that is not up yet is normal when a stack starts; the executor waits for it
+    rather than crash-looping.
+    """
+    if not isinstance(allocator, RemoteBlockAllocator):
+        return True
+    backoff = 0.2
+    while not should_stop():
+        try:
+            manager_id = await asyncio.to_thread(allocator.register)
+            log.info("registered", manager_id=manager_id, num_blocks=allocator.num_blocks)
+            return True
+        except AllocatorUnavailableError as exc:
+            log.warning("memory manager unreachable; retrying", error=str(exc))
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, max_backoff_s)
+    return False
+
+
+async def release(allocator: BlockAllocator) -> None:
+    """Deregister (the manager drops our blocks and prefix entries) and close the channel."""
+    if not isinstance(allocator, RemoteBlockAllocator):
+        return
+    try:
+        await asyncio.to_thread(allocator.deregister)
+        log.info("deregistered from the memory manager")
+    except Exception as exc:
+        log.warning("memory manager deregistration failed", error=str(exc))
+    finally:
+        allocator.close()

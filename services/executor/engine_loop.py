@@ -1,0 +1,249 @@
+"""The engine step loop: one dedicated thread owns the (synchronous, not thread-safe) engine.
+
+Every other thread talks to it through a command list guarded by a condition variable:
+`add`, `abort`, `snapshot` and `abort_all` return a `concurrent.futures.Future` that the
+loop thread resolves. Before each step the loop runs every pending command; when there is
+neither work nor a command it sleeps on the condition (no busy spin). Each request has a
+sink, a callable the loop thread hands every `RequestOutput` of that request (and finally
+`ABORTED` or an `EngineFailure`); sinks must be cheap and thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TypeAlias, TypeVar
+
+import structlog
+
+from quire.engine.llm_engine import LLMEngine
+from quire.outputs import RequestOutput
+from quire.sampling_params import SamplingParams
+from services.executor.metrics import EngineSnapshot, ExecutorMetrics
+
+log = structlog.get_logger("quire.executor.engine_loop")
+
+T = TypeVar("T")
+
+
+class Aborted:
+    """The request was aborted (Abort RPC, drain timeout, shutdown) before it finished."""
+
+
+ABORTED = Aborted()
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    """The engine step raised; the request was dropped."""
+
+    message: str
+
+
+SinkEvent: TypeAlias = RequestOutput | Aborted | EngineFailure
+Sink = Callable[[SinkEvent], None]
+
+
+class DuplicateRequestError(Exception):
+    """A request with this id is already running on this executor."""
+
+
+@dataclass
+class _Timing:
+    arrived_at: float  # monotonic time the add was submitted
+    first_token_at: float | None = None
+
+
+class EngineLoop:
+    """Runs `engine.step()` in its own thread while there is work."""
+
+    def __init__(
+        self,
+        engine: LLMEngine,
+        metrics: ExecutorMetrics | None = None,
+        snapshot_interval_s: float = 0.1,
+        on_step_error: Callable[[Exception], None] | None = None,
+    ) -> None:
+        """`on_step_error` is called on the loop thread after a failed step has dropped
+        every request (the server decides whether the error is fatal)."""
+        self.engine = engine
+        self.metrics = metrics
+        self.on_step_error = on_step_error
+        self.snapshot_interval_s = snapshot_interval_s
+        self.snapshot = EngineSnapshot()  # latest load figures; replaced, never mutated
+        self._cond = threading.Condition()
+        self._commands: list[Callable[[], None]] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        # Owned by the loop thread only:
+        self._sinks: dict[str, Sink] = {}
+        self._timings: dict[str, _Timing] = {}
+        self._snapshot_at = 0.0
+
+    # --- any thread ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._refresh_snapshot()
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the loop thread before the next step; its result or error in a Future."""
+        future: Future[T] = Future()
+
+        def command() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the engine loop is stopped")
+            self._commands.append(command)
+            self._cond.notify()
+        return future
+
+    def add(
+        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, sink: Sink
+    ) -> Future[None]:
+        """Queue a request. The Future raises ValueError (invalid, nothing queued) or
+        DuplicateRequestError."""
+        arrived_at = time.monotonic()
+        return self.submit(
+            lambda: self._add(request_id, prompt_token_ids, params, sink, arrived_at)
+        )
+
+    def abort(self, request_id: str) -> Future[bool]:
+        """Abort a request; its sink gets ABORTED. The Future says whether it was running."""
+        return self.submit(lambda: self._abort(request_id))
+
+    def abort_all(self) -> Future[int]:
+        """Abort every request; the Future gives how many there were."""
+        return self.submit(lambda: sum(self._abort(rid) for rid in list(self._sinks)))
+
+    def fresh_snapshot(self) -> Future[EngineSnapshot]:
+        """A snapshot taken between steps, now (costs one allocator stats call)."""
+        return self.submit(self._refresh_snapshot)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Abort whatever still runs, stop the thread and wait for it."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # --- loop thread -----------------------------------------------------------------------
+
+    def _has_work(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._commands and not self._stopping and not self._has_work():
+                    self._cond.wait()
+                commands, self._commands = self._commands, []
+                stopping = self._stopping
+            for command in commands:
+                command()
+            if stopping:
+                for request_id in list(self._sinks):
+                    self._abort(request_id)
+                self._refresh_snapshot()
+                return
+            if self._has_work():
+                self._step()
+            now = time.monotonic()
+            if not self._has_work() or now - self._snapshot_at >= self.snapshot_interval_s:
+                self._refresh_snapshot()
+
+    def _add(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        arrived_at: float,
+    ) -> None:
+        if request_id in self._sinks:
+            raise DuplicateRequestError(f"request_id {request_id!r} is already running")
+        self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
+        self._sinks[request_id] = sink
+        self._timings[request_id] = _Timing(arrived_at)
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(prompt_token_ids))
+
+    def _abort(self, request_id: str) -> bool:
+        found = self.engine.abort_request(request_id)
+        sink = self._sinks.pop(request_id, None)
+        self._timings.pop(request_id, None)
+        if sink is not None:
+            sink(ABORTED)
+        return found
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            log.exception("engine step failed; dropping every request")
+            self._fail_all(f"engine step failed: {exc}")
+            if self.on_step_error is not None:
+                self.on_step_error(exc)
+            return
+        now = time.monotonic()
+        for output in outputs:
+            self._observe(output, now)
+            sink = self._sinks.get(output.request_id)
+            if output.finished:
+                self._sinks.pop(output.request_id, None)
+            if sink is not None:
+                sink(output)
+
+    def _observe(self, output: RequestOutput, now: float) -> None:
+        timing = self._timings.get(output.request_id)
+        if timing is None:
+            return
+        if timing.first_token_at is None and any(o.token_ids for o in output.outputs):
+            timing.first_token_at = now
+            if self.metrics is not None:
+                self.metrics.time_to_first_token.observe(now - timing.arrived_at)
+        if output.finished:
+            del self._timings[output.request_id]
+            if self.metrics is not None:
+                self.metrics.e2e_request_latency.observe(now - timing.arrived_at)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id in list(self._sinks):
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:
+                log.exception("abort after a failed step also failed", request_id=request_id)
+            self._timings.pop(request_id, None)
+            self._sinks.pop(request_id)(EngineFailure(message))
+
+    def _refresh_snapshot(self) -> EngineSnapshot:
+        self._snapshot_at = time.monotonic()
+        try:
+            stats = self.engine.stats()
+        except Exception as exc:
+            log.warning("engine stats failed", error=str(exc))
+            return self.snapshot
+        snapshot = EngineSnapshot(
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
+            kv_blocks_total=stats.allocator.num_blocks_total,
+            kv_blocks_used=stats.allocator.num_blocks_used,
+            kv_blocks_cached=stats.allocator.num_blocks_cached,
+            num_preemptions=stats.num_preemptions,
+            num_generated_tokens=stats.num_generated_tokens,
+        )
+        self.snapshot = snapshot
+        if self.metrics is not None:
+            self.metrics.observe_snapshot(snapshot)
+        return snapshot

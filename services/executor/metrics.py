@@ -1,0 +1,93 @@
+"""Prometheus metrics under vLLM's names with the `quire:` prefix.
+
+Each executor owns its registry (so several can live in one test process); the engine
+loop thread updates it, prometheus_client's HTTP server thread reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+# vLLM's buckets for request latencies (seconds).
+_TTFT_BUCKETS: tuple[float, ...] = (
+    *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0),
+    *(2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+)
+_E2E_BUCKETS: tuple[float, ...] = (
+    *(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0),
+    *(60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
+)
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's load at one instant, taken by the loop thread between steps."""
+
+    num_running: int = 0  # sequences (a request with n > 1 counts n once forked)
+    num_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_cached: int = 0
+    num_preemptions: int = 0  # since start
+    num_generated_tokens: int = 0  # since start
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+
+class ExecutorMetrics:
+    """The executor's Prometheus series, labelled with the served model name."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, labels, registry=r).labels(model_name)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, labels, registry=r).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.num_requests_running = gauge(
+            "quire:num_requests_running", "Sequences running on the executor."
+        )
+        self.num_requests_waiting = gauge(
+            "quire:num_requests_waiting", "Sequences waiting to be scheduled."
+        )
+        self.kv_cache_usage_perc = gauge(
+            "quire:kv_cache_usage_perc", "KV-cache usage: 1 means every block is in use."
+        )
+        self.num_preemptions = counter("quire:num_preemptions", "Cumulative preemptions.")
+        self.prompt_tokens = counter("quire:prompt_tokens", "Prompt tokens admitted.")
+        self.generation_tokens = counter("quire:generation_tokens", "Tokens generated.")
+        self.time_to_first_token = histogram(
+            "quire:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS
+        )
+        self.e2e_request_latency = histogram(
+            "quire:e2e_request_latency_seconds", "End-to-end request latency.", _E2E_BUCKETS
+        )
+        self._last = EngineSnapshot()
+
+    def observe_snapshot(self, snapshot: EngineSnapshot) -> None:
+        """Set the gauges and advance the counters the engine keeps as totals."""
+        self.num_requests_running.set(snapshot.num_running)
+        self.num_requests_waiting.set(snapshot.num_waiting)
+        self.kv_cache_usage_perc.set(snapshot.kv_cache_usage)
+        self.num_preemptions.inc(max(0, snapshot.num_preemptions - self._last.num_preemptions))
+        self.generation_tokens.inc(
+            max(0, snapshot.num_generated_tokens - self._last.num_generated_tokens)
+        )
+        self._last = snapshot
+
+    def serve(self, host: str, port: int) -> Any:
+        """Start the /metrics HTTP server thread; returns the server (call shutdown())."""
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        return server

@@ -1,0 +1,220 @@
+"""One executor process: engine + step loop + gRPC server + health + liveness + metrics.
+
+Lifecycle: `start()` binds the port, loads the model, registers with the memory manager
+and starts serving; `drain()` refuses new work and waits for what runs; `close()` stops
+the server and the loop, deregisters and deletes the liveness record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from typing import Any
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from quire.cluster.registry import ExecutorRecord
+from quire.cluster.remote_allocator import StaleEpochError
+from quire.config import EngineConfig
+from quire.engine.llm_engine import LLMEngine
+from quire.rpc import executor_pb2, executor_pb2_grpc
+from services.executor import allocator as alloc
+from services.executor.engine_loop import EngineLoop
+from services.executor.liveness import LivenessPublisher
+from services.executor.logs import bind_global
+from services.executor.metrics import ExecutorMetrics
+from services.executor.servicer import ExecutorIdentity, ExecutorServicer
+from services.executor.settings import ExecutorSettings
+
+log = structlog.get_logger("quire.executor")
+
+SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
+_ABORT_GRACE_S = 10.0  # after aborting leftovers, how long streams get to close
+
+
+def new_epoch() -> int:
+    """A fresh random 63-bit incarnation number (fits int64 and uint64 alike)."""
+    return secrets.randbits(63)
+
+
+class ExecutorServer:
+    """Owns every piece of one executor; see the module docstring for the lifecycle."""
+
+    def __init__(self, settings: ExecutorSettings) -> None:
+        self.settings = settings
+        self.epoch = new_epoch()
+        self.server: Any = None  # grpc.aio.Server, created on the serving event loop
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self.identity: ExecutorIdentity | None = None
+        self.engine: LLMEngine | None = None
+        self.loop: EngineLoop | None = None
+        self.servicer: ExecutorServicer | None = None
+        self.liveness: LivenessPublisher | None = None
+        self.metrics: ExecutorMetrics | None = None
+        self._metrics_server: Any = None
+        self.stopping = False  # a stop was requested: start-up gives up, serving drains
+        self.exit_code = 0
+        self.stale = False  # another incarnation took over our id at the memory manager
+        self._stop_requested = asyncio.Event()  # binds to the serving loop on first wait
+
+    async def start(self) -> bool:
+        """Bring the executor up; False if `stopping` was set before it could serve."""
+        s = self.settings
+        event_loop = asyncio.get_running_loop()
+        self.server = grpc.aio.server()
+        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {s.host}:{s.port}")
+        identity = ExecutorIdentity(
+            executor_id=s.resolved_executor_id(self.port),
+            epoch=self.epoch,
+            model=s.resolved_model_name(),
+            address=s.resolved_advertise_address(self.port),
+        )
+        self.identity = identity
+        bind_global(executor_id=identity.executor_id)
+        log.info("loading model", model=s.model, epoch=identity.epoch, port=self.port)
+        self.metrics = ExecutorMetrics(identity.model)
+        engine = await asyncio.to_thread(self._build_engine, identity)
+        self.engine = engine
+        if self.stopping or not await alloc.register(engine.allocator, lambda: self.stopping):
+            return False
+
+        def on_step_error(exc: Exception) -> None:  # on the engine thread
+            event_loop.call_soon_threadsafe(self._on_step_error, exc)
+
+        self.loop = EngineLoop(engine, self.metrics, on_step_error=on_step_error)
+        self.loop.start()
+        self.servicer = ExecutorServicer(self.loop, identity)
+        executor_pb2_grpc.add_ExecutorServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        await self.server.start()
+        if s.redis_url:
+            self.liveness = LivenessPublisher(s.redis_url, s.redis_prefix, self.record)
+            self.liveness.start()
+        if s.metrics_port:
+            self._metrics_server = self.metrics.serve(s.host, s.metrics_port)
+        log.info(
+            "executor serving",
+            address=identity.address,
+            port=self.port,
+            model=identity.model,
+            num_kv_blocks=engine.allocator.num_blocks,
+            memory_manager=s.memory_manager,
+        )
+        return True
+
+    def _build_engine(self, identity: ExecutorIdentity) -> LLMEngine:
+        s = self.settings
+        config = EngineConfig(
+            model=s.model,
+            block_size=s.block_size,
+            num_kv_blocks=s.num_kv_blocks,
+            enable_prefix_caching=s.enable_prefix_caching,
+            max_num_seqs=s.max_num_seqs,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            max_model_len=s.max_model_len,
+            dtype=s.dtype,
+            device=s.device,
+            seed=s.seed,
+        )
+        holder: list[LLMEngine] = []
+        factory = alloc.allocator_factory(
+            s,
+            identity.executor_id,
+            identity.epoch,
+            identity.address,
+            lambda: holder[0].live_sequences() if holder else [],
+        )
+        engine = LLMEngine(config, allocator_factory=factory)
+        holder.append(engine)
+        return engine
+
+    def request_stop(self, exit_code: int = 0) -> None:
+        """Ask `wait_stop_requested()` to return (signal handler, fatal engine error)."""
+        self.stopping = True
+        self.exit_code = max(self.exit_code, exit_code)
+        self._stop_requested.set()
+
+    async def wait_stop_requested(self) -> None:
+        await self._stop_requested.wait()
+
+    def _on_step_error(self, exc: Exception) -> None:
+        if isinstance(exc, StaleEpochError):
+            # A newer process registered under our id: this one must not serve any more.
+            log.error("stale epoch: another executor took this id; exiting", error=str(exc))
+            self.stale = True
+            if self.liveness is not None:
+                self.liveness.stop()  # the record is the successor's now
+            self.request_stop(exit_code=1)
+
+    def record(self) -> ExecutorRecord:
+        """This executor's liveness record with its latest load."""
+        assert self.identity is not None and self.loop is not None, "not started"
+        snapshot = self.loop.snapshot
+        return ExecutorRecord(
+            executor_id=self.identity.executor_id,
+            address=self.identity.address,
+            epoch=self.identity.epoch,
+            model=self.identity.model,
+            num_running=snapshot.num_running,
+            num_waiting=snapshot.num_waiting,
+            kv_blocks_total=snapshot.kv_blocks_total,
+            kv_blocks_used=snapshot.kv_blocks_used,
+            kv_blocks_cached=snapshot.kv_blocks_cached,
+            draining=self.servicer is not None and self.servicer.draining,
+        )
+
+    async def _set_health(self, status: Any) -> None:
+        await self.health.set("", status)
+        await self.health.set(SERVICE_NAME, status)
+
+    async def drain(self, timeout_s: float | None = None) -> None:
+        """Take no new requests, announce it, and wait for running ones (abort on timeout)."""
+        if self.servicer is None or self.loop is None:
+            return
+        if not self.servicer.draining:
+            self.servicer.draining = True
+            await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+            if self.liveness is not None:
+                self.liveness.publish_soon()
+            log.info("draining", num_streams=self.servicer.num_active_streams)
+        timeout = self.settings.drain_timeout_s if timeout_s is None else timeout_s
+        try:
+            await asyncio.wait_for(self.servicer.wait_streams_done(), timeout)
+            return
+        except TimeoutError:
+            log.warning("drain timed out; aborting what is left")
+        await self.abort_all()
+
+    async def abort_all(self) -> None:
+        """Abort every request; their streams end with finish_reason "abort"."""
+        if self.servicer is None or self.loop is None:
+            return
+        try:
+            await asyncio.wrap_future(self.loop.abort_all())
+        except RuntimeError:  # already stopped
+            return
+        try:
+            await asyncio.wait_for(self.servicer.wait_streams_done(), _ABORT_GRACE_S)
+        except TimeoutError:
+            log.warning("streams still open after abort")
+
+    async def close(self) -> None:
+        """Stop serving, stop the loop, deregister, delete the liveness record."""
+        if self.server is not None:
+            await self.server.stop(grace=1.0)
+        if self.loop is not None:
+            await asyncio.to_thread(self.loop.stop)
+        if self.engine is not None and not self.stale:
+            await alloc.release(self.engine.allocator)
+        if self.liveness is not None:
+            # A stale incarnation must not delete the record its successor publishes.
+            await self.liveness.close(delete=not self.stale)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        log.info("executor stopped")

@@ -1,0 +1,154 @@
+"""quire.v1.Executor over grpc.aio: a thin translator in front of the engine loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from quire.outputs import RequestOutput
+from quire.rpc import executor_pb2 as pb
+from quire.rpc import executor_pb2_grpc
+from services.executor.convert import DeltaTracker, sampling_params_from_proto
+from services.executor.engine_loop import (
+    Aborted,
+    DuplicateRequestError,
+    EngineFailure,
+    EngineLoop,
+    SinkEvent,
+)
+
+log = structlog.get_logger("quire.executor.servicer")
+
+
+@dataclass(frozen=True)
+class ExecutorIdentity:
+    """Who this executor is, as GetStatus and the liveness record report it."""
+
+    executor_id: str
+    epoch: int
+    model: str
+    address: str
+
+
+class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
+    """Generate / Abort / GetStatus. Refuses new work once `draining` is set."""
+
+    def __init__(self, loop: EngineLoop, identity: ExecutorIdentity) -> None:
+        self.loop = loop
+        self.identity = identity
+        self.draining = False
+        self.num_active_streams = 0
+        self._streams_done = asyncio.Event()
+        self._streams_done.set()
+
+    async def wait_streams_done(self) -> None:
+        """Return once no Generate stream is open."""
+        await self._streams_done.wait()
+
+    async def Generate(
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
+        try:
+            params = sampling_params_from_proto(request.params)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        request_id = request.request_id or f"exec-{uuid.uuid4().hex}"
+        prompt_token_ids = list(request.prompt_token_ids)
+        events: asyncio.Queue[SinkEvent] = asyncio.Queue()
+        event_loop = asyncio.get_running_loop()
+
+        def sink(event: SinkEvent) -> None:  # called on the engine thread
+            # RuntimeError: the event loop is closed, nobody is listening.
+            with contextlib.suppress(RuntimeError):
+                event_loop.call_soon_threadsafe(events.put_nowait, event)
+
+        self._open_stream()
+        submitted = finished = False
+        try:
+            future = self.loop.add(request_id, prompt_token_ids, params, sink)
+            submitted = True
+            try:
+                await asyncio.wrap_future(future)
+            except DuplicateRequestError as exc:
+                submitted = False
+                await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(exc))
+            except ValueError as exc:
+                submitted = False
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            log.info(
+                "request added", request_id=request_id, num_prompt_tokens=len(prompt_token_ids)
+            )
+            tracker = DeltaTracker(params)
+            while not finished:
+                event = await events.get()
+                if isinstance(event, EngineFailure):
+                    finished = True
+                    await context.abort(grpc.StatusCode.INTERNAL, event.message)
+                if isinstance(event, Aborted):
+                    finished = True
+                    log.info("request aborted", request_id=request_id)
+                    yield tracker.aborted(len(prompt_token_ids))
+                    return
+                assert isinstance(event, RequestOutput)
+                response = tracker.response(event)
+                finished = event.finished
+                if response is not None:
+                    yield response
+            log.info("request finished", request_id=request_id)
+        finally:
+            if submitted and not finished:
+                # The client went away (or the stream failed): free the request's blocks.
+                log.info("stream closed early; aborting", request_id=request_id)
+                self._abort_quietly(request_id)
+            self._close_stream()
+
+    async def Abort(
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        try:
+            found = await asyncio.wrap_future(self.loop.abort(request.request_id))
+        except RuntimeError:  # the loop stopped, which aborted everything
+            found = False
+        log.info("abort", request_id=request.request_id, found=found)
+        return pb.AbortResponse(found=found)
+
+    async def GetStatus(
+        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecutorStatus:
+        try:
+            snapshot = await asyncio.wrap_future(self.loop.fresh_snapshot())
+        except RuntimeError:  # the loop stopped: its last snapshot is final
+            snapshot = self.loop.snapshot
+        return pb.ExecutorStatus(
+            executor_id=self.identity.executor_id,
+            epoch=self.identity.epoch,
+            model=self.identity.model,
+            num_running=snapshot.num_running,
+            num_waiting=snapshot.num_waiting,
+            kv_blocks_total=snapshot.kv_blocks_total,
+            kv_blocks_used=snapshot.kv_blocks_used,
+            kv_blocks_cached=snapshot.kv_blocks_cached,
+            draining=self.draining,
+        )
+
+    def _abort_quietly(self, request_id: str) -> None:
+        # RuntimeError: the loop already stopped, which aborted everything.
+        with contextlib.suppress(RuntimeError):
+            self.loop.abort(request_id)
+
+    def _open_stream(self) -> None:
+        self.num_active_streams += 1
+        self._streams_done.clear()
+
+    def _close_stream(self) -> None:
+        self.num_active_streams -= 1
+        if self.num_active_streams == 0:
+            self._streams_done.set()

@@ -1,0 +1,121 @@
+"""Executor settings: defaults, then QUIRE_* environment variables, then command-line flags."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOCAL_MEMORY_MANAGER = "local"  # --memory-manager value for an in-process BlockManager
+_WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+class ExecutorSettings(BaseSettings):
+    """Every knob of one executor process. Env: QUIRE_<FIELD>; flag: --<field-with-dashes>."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIRE_", extra="forbid")
+
+    host: str = Field(default="127.0.0.1", description="interface the gRPC server binds")
+    port: int = Field(default=50061, description="gRPC port (0 picks a free one)")
+    advertise_address: str = Field(
+        default="",
+        description="host:port routers dial (default: host:port, hostname if host is a wildcard)",
+    )
+    executor_id: str = Field(
+        default="", description="stable id of this executor (default: hostname:port)"
+    )
+    model: str = Field(
+        default="models/quire-tiny", description="local Hugging Face checkpoint directory"
+    )
+    served_model_name: str = Field(
+        default="", description="model name reported (default: model dir name)"
+    )
+    memory_manager: str = Field(
+        default="127.0.0.1:50051",
+        description="memory manager host:port, or 'local' for in-process blocks",
+    )
+    memory_manager_timeout_s: float = Field(
+        default=5.0, description="deadline of one memory-manager call"
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", description="Redis for liveness records ('' disables)"
+    )
+    redis_prefix: str = Field(default="quire", description="prefix of every Redis key")
+    num_kv_blocks: int | None = Field(
+        default=None,
+        description="KV pool size in blocks (default: sized from memory like the engine)",
+    )
+    block_size: int = Field(default=16, description="tokens per KV block")
+    max_num_seqs: int = Field(default=256, description="most sequences running at once")
+    max_num_batched_tokens: int = Field(default=2048, description="most tokens per engine step")
+    max_model_len: int | None = Field(
+        default=None, description="context cap (default: the model's)"
+    )
+    enable_prefix_caching: bool = Field(
+        default=True, description="share full prompt blocks by hash"
+    )
+    device: str = Field(default="auto", description="auto, cpu or cuda[:N]")
+    dtype: str = Field(default="auto", description="auto, float32, bfloat16 or float16")
+    seed: int = Field(default=0, description="default seed for unseeded random sampling")
+    metrics_port: int = Field(default=0, description="Prometheus /metrics port (0 disables)")
+    drain_timeout_s: float = Field(
+        default=300.0,
+        description="on SIGTERM, longest wait for running requests before aborting them",
+    )
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+
+    def resolved_executor_id(self, port: int) -> str:
+        """The executor id, defaulting to hostname:port (the bound port when --port is 0)."""
+        return self.executor_id or f"{socket.gethostname()}:{port}"
+
+    def resolved_advertise_address(self, port: int) -> str:
+        """Where routers reach this executor."""
+        if self.advertise_address:
+            return self.advertise_address
+        host = socket.gethostname() if self.host in _WILDCARD_HOSTS else self.host
+        return f"{host}:{port}"
+
+    def resolved_model_name(self) -> str:
+        return self.served_model_name or Path(self.model).expanduser().name
+
+
+def _flag_type(annotation: Any) -> type:
+    """The scalar type of a field annotation (`int | None` -> int)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    assert isinstance(annotation, type), f"unsupported settings annotation {annotation!r}"
+    return annotation
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per settings field; a flag given on the command line overrides the env."""
+    parser = argparse.ArgumentParser(
+        prog="python -m services.executor",
+        description="Quire executor: model weights, paged KV cache and the engine step loop.",
+    )
+    for name, field in ExecutorSettings.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        kind = _flag_type(field.annotation)
+        help_text = f"{field.description} [env QUIRE_{name.upper()}; default {field.default!r}]"
+        if kind is bool:
+            parser.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> ExecutorSettings:
+    """Settings from the environment, overridden by the flags in `argv`."""
+    overrides = vars(build_parser().parse_args(argv))
+    return ExecutorSettings(**overrides)

@@ -1,0 +1,1 @@
+"""The memory manager service: `quire.block.BlockManager` per executor behind gRPC."""

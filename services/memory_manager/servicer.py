@@ -1,0 +1,157 @@
+"""The quire.v1.MemoryManager servicer: translate protos, delegate to `ExecutorPools`.
+
+Status codes: INVALID_ARGUMENT for a malformed request (nothing changed), NOT_FOUND
+for an executor that is not registered here ("executor not registered"; executors
+re-register on it), FAILED_PRECONDITION for a stale epoch. Every handler runs on
+the event loop without awaiting between reading and changing state, so calls
+never interleave. Prefix-index changes go to the `PrefixPublisher`, which writes
+them to Redis in the background: Redis never delays or fails a Step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NoReturn
+
+import grpc
+import structlog
+
+from quire.cluster.allocator_wire import (
+    live_from_proto,
+    result_to_proto,
+    stats_to_proto,
+    step_from_proto,
+)
+from quire.cluster.prefix_publisher import PrefixPublisher
+from quire.rpc import memory_manager_pb2 as pb
+from quire.rpc import memory_manager_pb2_grpc as pb_grpc
+from services.memory_manager.metrics import ManagerMetrics
+from services.memory_manager.pools import (
+    ExecutorPool,
+    ExecutorPools,
+    StaleEpochError,
+    UnknownExecutorError,
+)
+
+log = structlog.get_logger(__name__)
+
+
+class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc]
+    """Register, Step, Deregister and GetStats over the executors' block managers."""
+
+    def __init__(
+        self,
+        pools: ExecutorPools,
+        publisher: PrefixPublisher | None,
+        metrics: ManagerMetrics,
+        manager_id: str,
+    ) -> None:
+        self.pools = pools
+        self.publisher = publisher
+        self.metrics = metrics
+        self.manager_id = manager_id
+
+    async def Register(  # noqa: N802 (gRPC method name)
+        self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RegisterResponse:
+        """Create or replace the executor's pool, rebuilt from its live sequences."""
+        try:
+            live = [live_from_proto(message) for message in request.live_sequences]
+            pool, old = self.pools.register(
+                request.executor_id,
+                request.epoch,
+                request.num_blocks,
+                request.block_size,
+                request.enable_prefix_caching,
+                request.address,
+                live,
+            )
+        except ValueError as exc:
+            await self._abort(context, "Register", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except StaleEpochError as exc:
+            await self._abort(context, "Register", grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        # The new pool's index is published whole; the key of a replaced epoch is deleted.
+        pool.manager.drain_index_events()
+        if self.publisher is not None:
+            self.publisher.reset(pool.executor_id, pool.epoch, pool.manager.indexed_hashes())
+        self.metrics.update_pools(self.pools)
+        log.info(
+            "executor registered",
+            executor_id=pool.executor_id,
+            epoch=pool.epoch,
+            address=pool.address,
+            num_blocks=pool.manager.num_blocks,
+            block_size=pool.manager.block_size,
+            num_live_sequences=len(live),
+            replaced_epoch=None if old is None else old.epoch,
+        )
+        return pb.RegisterResponse(manager_id=self.manager_id)
+
+    async def Step(  # noqa: N802
+        self, request: pb.StepRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StepResponse:
+        """Apply one engine step of one executor, then queue its prefix-index changes."""
+        start = time.perf_counter()
+        pool = await self._pool(request.executor_id, request.epoch, context, "Step")
+        try:
+            result = pool.manager.step(step_from_proto(request))
+        except ValueError as exc:
+            log.warning("malformed step", executor_id=pool.executor_id, error=str(exc))
+            await self._abort(context, "Step", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        added, removed = pool.manager.drain_index_events()
+        if self.publisher is not None and (added or removed):
+            self.publisher.publish(pool.executor_id, pool.epoch, added, removed)
+        response = result_to_proto(result)
+        self.metrics.step_seconds.observe(time.perf_counter() - start)
+        return response
+
+    async def Deregister(  # noqa: N802
+        self, request: pb.DeregisterRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeregisterResponse:
+        """Drop the executor's pool and its Redis prefix set (unknown executors: no-op)."""
+        try:
+            pool = self.pools.deregister(request.executor_id, request.epoch)
+        except StaleEpochError as exc:
+            await self._abort(context, "Deregister", grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if pool is not None:
+            if self.publisher is not None:
+                self.publisher.drop(pool.executor_id, pool.epoch)
+            self.metrics.forget(pool.executor_id)
+            self.metrics.update_pools(self.pools)
+            log.info("executor deregistered", executor_id=pool.executor_id, epoch=pool.epoch)
+        return pb.DeregisterResponse()
+
+    async def GetStats(  # noqa: N802
+        self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PoolStats:
+        """Counters of the executor's pool."""
+        pool = self.pools.find(request.executor_id)
+        if pool is None:
+            await self._abort(
+                context,
+                "GetStats",
+                grpc.StatusCode.NOT_FOUND,
+                f"executor not registered: {request.executor_id!r}",
+            )
+        return stats_to_proto(pool.manager.stats())
+
+    async def _pool(
+        self, executor_id: str, epoch: int, context: grpc.aio.ServicerContext, method: str
+    ) -> ExecutorPool:
+        try:
+            return self.pools.get(executor_id, epoch)
+        except UnknownExecutorError as exc:
+            await self._abort(context, method, grpc.StatusCode.NOT_FOUND, str(exc))
+        except StaleEpochError as exc:
+            await self._abort(context, method, grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+
+    async def _abort(
+        self,
+        context: grpc.aio.ServicerContext,
+        method: str,
+        code: grpc.StatusCode,
+        details: str,
+    ) -> NoReturn:
+        self.metrics.rpc_errors.labels(method, code.name).inc()
+        await context.abort(code, details)
+        raise AssertionError("context.abort returned")  # abort always raises

@@ -1,0 +1,1 @@
+"""The router: OpenAI-compatible HTTP front end, admission control and prefix-aware routing."""

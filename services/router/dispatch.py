@@ -1,0 +1,204 @@
+"""From token ids to an open executor stream: admission, routing, the call, retries.
+
+The first response of a Generate call is awaited here, before the client sees anything: an
+executor that turns out UNAVAILABLE at that point (dead process, refused connection) is
+marked down for a few seconds and the request is routed again, to another executor, at most
+`max_retries` times. After the first token the stream is the client's, errors and all.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from quire.cluster.routing import Candidate, RoutingConfig, RoutingDecision, choose_executor
+from quire.rpc import executor_pb2
+from services.router.admission import Admission
+from services.router.cluster import ClusterView, ExecutorDirectory
+from services.router.errors import ApiError, from_grpc
+from services.router.executor_client import ExecutorClients
+from services.router.metrics import RouterMetrics
+
+log = structlog.get_logger("router.dispatch")
+
+
+@dataclass
+class ExecutorStream:
+    """A Generate call whose first response has arrived; holds one admission slot."""
+
+    executor_id: str
+    call: grpc.aio.UnaryStreamCall[executor_pb2.GenerateRequest, executor_pb2.GenerateResponse]
+    first: executor_pb2.GenerateResponse
+    dispatcher: Dispatcher
+    closed: bool = field(default=False)
+
+    async def responses(self) -> AsyncIterator[executor_pb2.GenerateResponse]:
+        """Every response, the first included, until the finished one."""
+        try:
+            response = self.first
+            while True:
+                yield response
+                if response.finished:
+                    return
+                following = await self.call.read()
+                if following is grpc.aio.EOF:
+                    raise ApiError(
+                        502, f"executor {self.executor_id} ended the stream before finishing"
+                    )
+                assert isinstance(following, executor_pb2.GenerateResponse)
+                response = following
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNAVAILABLE:
+                self.dispatcher.directory.mark_down(self.executor_id)
+            raise from_grpc(error, self.executor_id) from error
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Cancel the call if it still runs (the executor aborts it) and free the slot."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.call.done():
+            self.call.cancel()
+        self.dispatcher.release(self.executor_id)
+
+
+class Dispatcher:
+    """Routes executor requests and opens their streams, within the admission bounds."""
+
+    def __init__(
+        self,
+        directory: ExecutorDirectory,
+        admission: Admission,
+        clients: ExecutorClients,
+        metrics: RouterMetrics,
+        policy: RoutingConfig,
+        request_timeout_s: float,
+        max_retries: int,
+        retry_after_s: int,
+    ) -> None:
+        self.directory = directory
+        self.admission = admission
+        self.clients = clients
+        self.metrics = metrics
+        self.policy = policy
+        self.request_timeout_s = request_timeout_s
+        self.max_retries = max_retries
+        self.retry_after_s = retry_after_s
+
+    def too_many(self, message: str) -> ApiError:
+        self.metrics.admission_rejections.labels(code="429").inc()
+        return ApiError(
+            429,
+            message,
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(self.retry_after_s)},
+        )
+
+    def unavailable(self, message: str) -> ApiError:
+        self.metrics.admission_rejections.labels(code="503").inc()
+        return ApiError(
+            503, message, code="no_executor", headers={"Retry-After": str(self.retry_after_s)}
+        )
+
+    def check_capacity(self, num_requests: int) -> None:
+        """429 unless `num_requests` more executor requests fit under the overall bound."""
+        if not self.admission.can_admit(num_requests):
+            raise self.too_many(
+                f"the router has {self.admission.num_pending} requests in flight "
+                f"(limit {self.admission.max_pending_total}); retry later"
+            )
+
+    async def route(
+        self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], tried: set[str]
+    ) -> RoutingDecision:
+        """Choose an executor with a free admission slot, or raise 503/429."""
+        view = await self.directory.view()
+        down = self.directory.down_executors()
+        usable = [
+            r
+            for r in view.records
+            if not r.draining and r.executor_id not in down and r.executor_id not in tried
+        ]
+        if not usable:
+            raise self.unavailable("no live executor can take the request")
+        self.check_capacity(1)
+        exclude = tried | down | self.admission.full_executors()
+        hits = await self.directory.prefix_hits(ClusterView(usable, view.source), block_hashes)
+        candidates = [
+            Candidate(r, hits.get(r.executor_id, 0), self.admission.pending(r.executor_id))
+            for r in usable
+        ]
+        decision = choose_executor(candidates, block_hashes, prompt_ids, self.policy, exclude)
+        if decision is None:
+            raise self.too_many("every live executor is at its admission bound; retry later")
+        self.metrics.routing_decisions.labels(reason=decision.reason).inc()
+        log.debug(
+            "routed",
+            executor_id=decision.executor_id,
+            reason=decision.reason,
+            cached_tokens=decision.num_cached_tokens,
+            source=view.source,
+        )
+        return decision
+
+    async def open(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        block_hashes: Sequence[bytes],
+        params: executor_pb2.SamplingParams,
+        arrival: float,
+    ) -> ExecutorStream:
+        """Route, call Generate and wait for the first response, retrying on UNAVAILABLE."""
+        request = executor_pb2.GenerateRequest(
+            request_id=request_id, prompt_token_ids=prompt_ids, params=params
+        )
+        tried: set[str] = set()
+        for attempt in range(self.max_retries + 1):
+            decision = await self.route(prompt_ids, block_hashes, tried)
+            if not self.admission.try_acquire(decision.executor_id):
+                raise self.too_many("the chosen executor filled up meanwhile; retry later")
+            self.metrics.in_flight.inc()
+            call = self.clients.stub(decision.address).Generate(
+                request,
+                timeout=self.request_timeout_s,
+                metadata=(("x-request-id", request_id),),
+            )
+            try:
+                first = await call.read()
+            except grpc.aio.AioRpcError as error:
+                self.release(decision.executor_id)
+                if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise from_grpc(error, decision.executor_id) from error
+                self.directory.mark_down(decision.executor_id)
+                tried.add(decision.executor_id)
+                self.metrics.executor_retries.inc()
+                log.warning(
+                    "executor unavailable, rerouting",
+                    executor_id=decision.executor_id,
+                    attempt=attempt,
+                    error=error.details(),
+                )
+                continue
+            except BaseException:
+                call.cancel()
+                self.release(decision.executor_id)
+                raise
+            if first is grpc.aio.EOF:
+                self.release(decision.executor_id)
+                raise ApiError(502, f"executor {decision.executor_id} returned no output")
+            assert isinstance(first, executor_pb2.GenerateResponse)
+            self.metrics.ttft.observe(time.monotonic() - arrival)
+            self.metrics.observe_prompt(first.num_prompt_tokens, first.num_cached_tokens)
+            return ExecutorStream(decision.executor_id, call, first, self)
+        raise self.unavailable(f"no executor answered after {self.max_retries + 1} attempts")
+
+    def release(self, executor_id: str) -> None:
+        self.admission.release(executor_id)
+        self.metrics.in_flight.dec()

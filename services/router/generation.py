@@ -1,0 +1,179 @@
+"""One HTTP request's generation: an executor stream per prompt, merged into choices.
+
+Choice `i * n + j` is output `j` of prompt `i` (OpenAI's numbering for a list of prompts).
+The routes turn the updates into completion or chat chunks; this module knows nothing of
+either shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from quire.block.hashing import hash_full_blocks
+from quire.rpc import executor_pb2
+from quire.sampling_params import SamplingParams
+from services.router.dispatch import Dispatcher, ExecutorStream
+from services.router.executor_client import params_to_proto
+from services.router.output import OutputState
+
+
+@dataclass
+class PromptRun:
+    """One prompt's executor stream and its n output sequences."""
+
+    stream: ExecutorStream
+    outputs: list[OutputState]
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts of a whole request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class Generation:
+    """Merged progress of a request's prompts; iterate `updates()` once, then read state."""
+
+    def __init__(self, runs: list[PromptRun], n: int) -> None:
+        self.runs = runs
+        self.n = n
+        self.choices: list[OutputState] = [o for run in runs for o in run.outputs]
+
+    @property
+    def executor_ids(self) -> str:
+        """Executors that served the request, for the x-quire-executor header."""
+        return ",".join(dict.fromkeys(run.stream.executor_id for run in self.runs))
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=sum(run.num_prompt_tokens for run in self.runs),
+            completion_tokens=sum(len(o.token_ids) for o in self.choices),
+            cached_tokens=sum(run.num_cached_tokens for run in self.runs),
+        )
+
+    def _apply(self, run_index: int, response: executor_pb2.GenerateResponse) -> list[int]:
+        run = self.runs[run_index]
+        if response.num_prompt_tokens:
+            run.num_prompt_tokens = response.num_prompt_tokens
+        run.num_cached_tokens = max(run.num_cached_tokens, response.num_cached_tokens)
+        touched = []
+        for delta in response.outputs:
+            if delta.index >= self.n:
+                continue
+            run.outputs[delta.index].add(delta)
+            touched.append(run_index * self.n + delta.index)
+        if response.finished:
+            for j, output in enumerate(run.outputs):
+                if not output.is_finished:
+                    output.finish_reason = "stop"
+                    touched.append(run_index * self.n + j)
+        return sorted(set(touched))
+
+    async def updates(self) -> AsyncIterator[list[int]]:
+        """Indices of the choices that advanced, one list per executor response."""
+        if len(self.runs) == 1:
+            try:
+                async for response in self.runs[0].stream.responses():
+                    yield self._apply(0, response)
+            finally:
+                self.close()
+            return
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        done = object()
+
+        async def pump(index: int, run: PromptRun) -> None:
+            try:
+                async for response in run.stream.responses():
+                    await queue.put((index, response))
+                await queue.put((index, done))
+            except Exception as error:
+                await queue.put((index, error))
+
+        tasks = [asyncio.create_task(pump(i, run)) for i, run in enumerate(self.runs)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                index, item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield self._apply(index, item)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self.close()
+
+    async def run_to_end(self) -> None:
+        """Consume every update (non-streaming responses)."""
+        async for _ in self.updates():
+            pass
+
+    def close(self) -> None:
+        """Cancel whatever still runs (a disconnected client's executor requests)."""
+        for run in self.runs:
+            run.stream.close()
+
+
+async def start_generation(
+    dispatcher: Dispatcher,
+    tokenizer: Any,
+    request_id: str,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    stream: bool,
+    arrival: float,
+    extra_key: str,
+    block_size: int,
+) -> Generation:
+    """Open one executor stream per prompt (all or none) and wrap them in a Generation."""
+    dispatcher.check_capacity(len(prompts))
+    wire = params_to_proto(params)
+
+    async def open_one(i: int, ids: list[int]) -> ExecutorStream:
+        hashes = hash_full_blocks(ids, block_size, extra_key)
+        sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
+        return await dispatcher.open(sub_id, ids, hashes, wire, arrival)
+
+    tasks = [asyncio.ensure_future(open_one(i, ids)) for i, ids in enumerate(prompts)]
+    try:
+        streams = await asyncio.gather(*tasks)
+    except BaseException:
+        # All or none: close whatever opened (or opens later) when one fails or we are
+        # cancelled (the client left).
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+            task.add_done_callback(_close_if_opened)
+        raise
+    runs = [
+        PromptRun(
+            stream=s,
+            outputs=[OutputState(tokenizer, ids, params, stream) for _ in range(params.n)],
+            num_prompt_tokens=len(ids),
+        )
+        for s, ids in zip(streams, prompts, strict=True)
+    ]
+    return Generation(runs, params.n)
+
+
+def _close_if_opened(task: asyncio.Future[ExecutorStream]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()

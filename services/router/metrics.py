@@ -1,0 +1,129 @@
+"""Prometheus metrics of one router (its own registry, so several apps can share a process)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+_log = structlog.get_logger("router.http")
+_QUIET_ROUTES = {"/health", "/metrics"}  # polled constantly; counted, not logged
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class RouterMetrics:
+    """Counters and histograms served at /metrics."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "quire_router_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=r,
+        )
+        self.routing_decisions = Counter(
+            "quire_router_routing_decisions", "Routing decisions by reason", ["reason"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "quire_router_prompt_tokens", "Prompt tokens sent to executors", registry=r
+        )
+        self.cached_prompt_tokens = Counter(
+            "quire_router_cached_prompt_tokens",
+            "Prompt tokens the executors served from their prefix cache",
+            registry=r,
+        )
+        self.prefix_hit_ratio = Gauge(
+            "quire_router_prefix_hit_ratio",
+            "Cached prompt tokens / prompt tokens since start",
+            registry=r,
+        )
+        self.generation_tokens = Counter(
+            "quire_router_generation_tokens", "Tokens generated for clients", registry=r
+        )
+        self.admission_rejections = Counter(
+            "quire_router_admission_rejections",
+            "Requests refused by admission control, by HTTP status",
+            ["code"],
+            registry=r,
+        )
+        self.executor_retries = Counter(
+            "quire_router_executor_retries",
+            "Requests retried on another executor after UNAVAILABLE",
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "quire_router_time_to_first_token_seconds",
+            "From request arrival to the first generated token",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "quire_router_in_flight_requests", "Executor requests in flight", registry=r
+        )
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def observe_prompt(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
+        """Count one executor request's prompt and how much of it was a prefix-cache hit."""
+        self.prompt_tokens.inc(num_prompt_tokens)
+        self.cached_prompt_tokens.inc(num_cached_tokens)
+        self._prompt_total += num_prompt_tokens
+        self._cached_total += num_cached_tokens
+        if self._prompt_total:
+            self.prefix_hit_ratio.set(self._cached_total / self._prompt_total)
+
+
+class RequestContextMiddleware:
+    """Gives every request an id (x-request-id in and out, bound in the logs) and counts it."""
+
+    def __init__(self, app: ASGIApp, metrics: RouterMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+        scope["state"]["arrival"] = time.monotonic()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [
+                    *message["headers"],
+                    (b"x-request-id", request_id.encode("latin-1")),
+                ]
+            await send(message)
+
+        structlog.contextvars.bind_contextvars(request_id=request_id)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = _route_of(scope)
+            self.metrics.requests.labels(route=route, status=str(status)).inc()
+            if route not in _QUIET_ROUTES:
+                _log.info(
+                    "request",
+                    method=scope.get("method"),
+                    route=route,
+                    status=status,
+                    duration_ms=round((time.monotonic() - scope["state"]["arrival"]) * 1000, 1),
+                )
+            structlog.contextvars.unbind_contextvars("request_id")
+
+
+def _route_of(scope: Scope) -> str:
+    route: Any = scope.get("route")
+    return str(getattr(route, "path", None) or "unmatched")

@@ -1,0 +1,54 @@
+"""Operations: GET /health, /metrics and /cluster/status."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from services.router.deps import StateDep
+from services.router.errors import error_body
+from services.router.schemas import ClusterStatus, ExecutorStatusOut
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/health", response_model=None)
+async def health(state: StateDep) -> JSONResponse:
+    """200 while at least one live executor can take work, else 503."""
+    view = await state.directory.view()
+    down = state.directory.down_executors()
+    live = [r for r in view.records if not r.draining and r.executor_id not in down]
+    if not live:
+        return JSONResponse(
+            error_body(503, "no live executor", code="no_executor"), status_code=503
+        )
+    return JSONResponse({"status": "ok", "executors": len(live), "source": view.source})
+
+
+@router.get("/metrics")
+async def metrics(state: StateDep) -> Response:
+    """Prometheus text format."""
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/cluster/status")
+async def cluster_status(state: StateDep) -> ClusterStatus:
+    """Every executor in the registry, live or expired, with its load."""
+    view = await state.directory.view()
+    down = state.directory.down_executors()
+    executors = [
+        ExecutorStatusOut(
+            id=r.executor_id,
+            address=r.address,
+            healthy=not r.draining and r.executor_id not in down,
+            num_running=r.num_running,
+            num_waiting=r.num_waiting,
+            kv_blocks_total=r.kv_blocks_total,
+            kv_blocks_used=r.kv_blocks_used,
+            kv_blocks_cached=r.kv_blocks_cached,
+        )
+        for r in view.records
+    ]
+    executors += [ExecutorStatusOut(id=e, address="", healthy=False) for e in view.expired]
+    return ClusterStatus(executors=executors, source=view.source)

@@ -1,0 +1,91 @@
+"""Router settings: QUIRE_* environment variables, overridden by command-line flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class RouterSettings(BaseSettings):
+    """Everything the router can be told; each field is also a `--kebab-case` flag."""
+
+    model_config = SettingsConfigDict(env_prefix="QUIRE_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="interface the HTTP server binds")
+    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
+    model: str = Field(
+        default="models/quire-tiny", description="checkpoint dir (tokenizer, context)"
+    )
+    served_model_name: str | None = Field(
+        default=None, description="model name clients use (default: the model directory's name)"
+    )
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0", description="Redis with executor records ('' = none)"
+    )
+    redis_prefix: str = Field(default="quire", description="prefix of every Redis key")
+    redis_timeout_s: float = Field(default=0.25, gt=0, description="Redis socket timeout per call")
+    block_size: int = Field(default=16, ge=1, description="KV block size the executors use")
+    executors: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="static executor addresses host:port, comma separated (no-Redis runs)",
+    )
+    max_pending_per_executor: int = Field(
+        default=256, ge=1, description="most in-flight requests per executor, then 429"
+    )
+    max_pending_total: int = Field(
+        default=1024, ge=1, description="most in-flight requests, then 429"
+    )
+    retry_after_s: int = Field(default=1, ge=0, description="Retry-After seconds sent with a 429")
+    request_timeout_s: float = Field(
+        default=600.0, gt=0, description="deadline of one executor call"
+    )
+    max_retries: int = Field(default=2, ge=0, description="other executors tried after UNAVAILABLE")
+    executor_down_s: float = Field(
+        default=5.0, ge=0, description="how long an UNAVAILABLE one is skipped"
+    )
+    registry_cache_s: float = Field(
+        default=0.25, ge=0, description="how long executor records are reused"
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="context length (default: the model's own)"
+    )
+    routing_max_load_gap: int = Field(
+        default=4,
+        ge=0,
+        description="requests above the least loaded before a prefix bonus is capped",
+    )
+    routing_max_load_ratio: float = Field(
+        default=2.0,
+        ge=1,
+        description="load ratio to the least loaded before a prefix bonus is capped",
+    )
+    log_level: str = Field(default="info", description="debug, info, warning or error")
+
+    @field_validator("executors", mode="before")
+    @classmethod
+    def _split_executors(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("executors")
+    @classmethod
+    def _check_executors(cls, value: list[str]) -> list[str]:
+        for address in value:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"executor address {address!r} is not host:port")
+        return value
+
+    @property
+    def model_name(self) -> str:
+        """The name clients must send: --served-model-name or the checkpoint dir's name."""
+        return self.served_model_name or self.extra_key
+
+    @property
+    def extra_key(self) -> str:
+        """Block-hash extra key; equals the executor scheduler's (the model dir's name)."""
+        return Path(self.model).name

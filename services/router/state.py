@@ -1,0 +1,95 @@
+"""Everything one router process holds: tokenizer, executor directory, admission, clients."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from quire.cluster.routing import RoutingConfig
+from quire.model.config import ModelConfig
+from services.router.admission import Admission
+from services.router.cluster import ExecutorDirectory
+from services.router.dispatch import Dispatcher
+from services.router.errors import ApiError
+from services.router.executor_client import ExecutorClients
+from services.router.metrics import RouterMetrics
+from services.router.output import TokenText
+from services.router.prompts import PromptProcessor, load_tokenizer
+from services.router.settings import RouterSettings
+
+
+@dataclass
+class RouterState:
+    """The collaborators the routes use; built once per app."""
+
+    settings: RouterSettings
+    tokenizer: Any
+    prompts: PromptProcessor
+    token_text: TokenText
+    directory: ExecutorDirectory
+    admission: Admission
+    clients: ExecutorClients
+    dispatcher: Dispatcher
+    metrics: RouterMetrics
+    max_model_len: int
+
+    @classmethod
+    def build(cls, settings: RouterSettings, metrics: RouterMetrics) -> RouterState:
+        """Load the tokenizer and model config, wire the collaborators (no I/O to peers)."""
+        model_config = ModelConfig.from_pretrained(settings.model)
+        max_model_len = min(
+            settings.max_model_len or model_config.max_model_len, model_config.max_model_len
+        )
+        tokenizer = load_tokenizer(settings.model)
+        directory = ExecutorDirectory(
+            redis_url=settings.redis_url,
+            redis_prefix=settings.redis_prefix,
+            model_names={settings.model_name, settings.extra_key},
+            static_addresses=settings.executors,
+            cache_s=settings.registry_cache_s,
+            down_s=settings.executor_down_s,
+            timeout_s=settings.redis_timeout_s,
+        )
+        admission = Admission(settings.max_pending_per_executor, settings.max_pending_total)
+        clients = ExecutorClients()
+        policy = RoutingConfig(
+            block_size=settings.block_size,
+            max_load_gap=settings.routing_max_load_gap,
+            max_load_ratio=settings.routing_max_load_ratio,
+        )
+        dispatcher = Dispatcher(
+            directory,
+            admission,
+            clients,
+            metrics,
+            policy,
+            request_timeout_s=settings.request_timeout_s,
+            max_retries=settings.max_retries,
+            retry_after_s=settings.retry_after_s,
+        )
+        return cls(
+            settings=settings,
+            tokenizer=tokenizer,
+            prompts=PromptProcessor(tokenizer, max_model_len, model_config.vocab_size),
+            token_text=TokenText(tokenizer),
+            directory=directory,
+            admission=admission,
+            clients=clients,
+            dispatcher=dispatcher,
+            metrics=metrics,
+            max_model_len=max_model_len,
+        )
+
+    def check_model(self, model: str | None) -> None:
+        """404 in OpenAI's shape unless the request names the served model (or none)."""
+        if model is not None and model != self.settings.model_name:
+            raise ApiError(
+                404,
+                f"The model `{model}` does not exist.",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def close(self) -> None:
+        await self.clients.close()
+        await self.directory.close()

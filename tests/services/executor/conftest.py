@@ -1,0 +1,102 @@
+"""Executor test fixtures: an in-process executor on its own event loop thread, and a
+redis-server + memory manager shared by a module (killed at teardown)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from services.executor.server import ExecutorServer
+from services.executor.settings import ExecutorSettings
+from tests.services.conftest import RedisServer, ServiceProcess, free_port
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = REPO / "models" / "quire-tiny"
+NUM_KV_BLOCKS = 64  # 1,024 token slots: small enough to reject a long prompt
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    if not (TINY / "config.json").is_file():
+        from quire.tools.make_model import make_checkpoint
+
+        make_checkpoint(TINY, "tiny")
+    return TINY
+
+
+class LoopThread:
+    """An asyncio event loop in a background thread; `run` executes a coroutine on it.
+
+    Server and clients share this one loop, as grpc.aio expects.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def aio() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture(scope="module")
+def local_executor(aio: LoopThread, tiny_model: Path) -> Iterator[ExecutorServer]:
+    """An executor with an in-process BlockManager and no Redis, on a free port."""
+    settings = ExecutorSettings(
+        host="127.0.0.1",
+        port=0,
+        model=str(tiny_model),
+        memory_manager="local",
+        redis_url="",
+        num_kv_blocks=NUM_KV_BLOCKS,
+        executor_id="test-executor",
+    )
+    server = ExecutorServer(settings)
+    assert aio.run(server.start())
+    yield server
+    aio.run(server.close())
+
+
+# --- real processes, from tests/services/conftest.py's helpers, shared by a module -----------
+
+
+@pytest.fixture(scope="module")
+def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One redis-server for the module (the shared `redis_server` fixture is per test)."""
+    server = RedisServer(log_dir=tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def memory_manager(
+    shared_redis: RedisServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """A real `python -m services.memory_manager` process, SERVING."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("mm") / "memory_manager.log"
+    args = ["--port", str(port), "--redis-url", shared_redis.url]
+    service = ServiceProcess("services.memory_manager", args, port, log_path)
+    service.start()
+    yield service
+    service.stop()

@@ -1,0 +1,228 @@
+"""Executor processes against a real memory manager and a real redis-server.
+
+Liveness: the record appears with the right fields and vanishes within LIVENESS_TTL_S of a
+SIGKILL. Drain: SIGTERM during a stream lets it finish, then the process exits 0 and cleans
+up after itself (Redis record, memory-manager registration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from quire.cluster.registry import LIVENESS_TTL_S, ExecutorRecord, executor_key, executors_key
+from quire.rpc import executor_pb2 as pb
+from quire.rpc import executor_pb2_grpc, memory_manager_pb2, memory_manager_pb2_grpc
+from tests.services.conftest import RedisServer, ServiceProcess, free_port, wait_for
+
+PREFIX = "quire-test"
+NUM_KV_BLOCKS = 128
+
+
+@pytest.fixture
+def redis_client(shared_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = shared_redis.client()
+    yield client
+    client.close()
+
+
+class Executor:
+    """One `python -m services.executor` process, SERVING once constructed."""
+
+    def __init__(
+        self,
+        tiny_model: Path,
+        memory_manager: str,
+        redis_url: str,
+        log_path: Path,
+        name: str,
+    ) -> None:
+        port = free_port()
+        self.executor_id = name
+        self.address = f"127.0.0.1:{port}"
+        args = [
+            f"--port={port}",
+            f"--executor-id={name}",
+            f"--model={tiny_model}",
+            f"--memory-manager={memory_manager}",
+            f"--redis-url={redis_url}",
+            f"--redis-prefix={PREFIX}",
+            f"--num-kv-blocks={NUM_KV_BLOCKS}",
+        ]
+        self.service = ServiceProcess("services.executor", args, port, log_path)
+        self.service.start(timeout_s=60)
+        assert self.service.proc is not None
+        self.proc = self.service.proc
+
+    def record(self, client: redis.Redis) -> ExecutorRecord | None:
+        data = client.get(executor_key(PREFIX, self.executor_id))
+        return None if data is None else ExecutorRecord.decode(data)
+
+    def wait_record(self, client: redis.Redis) -> ExecutorRecord:
+        wait_for(lambda: self.record(client) is not None, 5, f"{self.executor_id}'s record")
+        record = self.record(client)
+        assert record is not None
+        return record
+
+    def log(self) -> str:
+        return self.service.log_tail()
+
+
+@pytest.fixture
+def executor_factory(
+    tiny_model: Path, memory_manager: ServiceProcess, shared_redis: RedisServer, tmp_path: Path
+) -> Iterator[Callable[[str], Executor]]:
+    started: list[Executor] = []
+
+    def start(name: str) -> Executor:
+        log_path = tmp_path / f"{name}.log"
+        executor = Executor(tiny_model, memory_manager.target, shared_redis.url, log_path, name)
+        started.append(executor)
+        return executor
+
+    yield start
+    for executor in started:
+        executor.service.stop()
+
+
+def manager_stats(memory_manager: str, executor_id: str) -> memory_manager_pb2.PoolStats | None:
+    with grpc.insecure_channel(memory_manager) as channel:
+        stub = memory_manager_pb2_grpc.MemoryManagerStub(channel)
+        try:
+            return stub.GetStats(memory_manager_pb2.GetStatsRequest(executor_id=executor_id))
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND, exc
+            return None
+
+
+def test_liveness_record_then_expiry_after_sigkill(
+    executor_factory: Callable[[str], Executor],
+    redis_client: redis.Redis,
+    memory_manager: ServiceProcess,
+) -> None:
+    executor = executor_factory("exec-kill")
+    record = executor.wait_record(redis_client)
+    assert record.executor_id == "exec-kill"
+    assert record.address == executor.address
+    assert record.model == "quire-tiny"
+    assert record.epoch > 0
+    assert (record.kv_blocks_total, record.kv_blocks_used) == (NUM_KV_BLOCKS, 0)
+    assert (record.num_running, record.num_waiting, record.draining) == (0, 0, False)
+    assert abs(record.updated_at - time.time()) < 5
+    ttl_ms = redis_client.pttl(executor_key(PREFIX, "exec-kill"))
+    assert 0 < ttl_ms <= LIVENESS_TTL_S * 1000
+    assert redis_client.sismember(executors_key(PREFIX), "exec-kill")
+    stats = manager_stats(memory_manager.target, "exec-kill")
+    assert stats is not None and stats.num_blocks_total == NUM_KV_BLOCKS
+
+    executor.proc.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    executor.proc.wait(10)
+    # Nothing refreshes the record any more: it has at most LIVENESS_TTL_S left.
+    assert redis_client.pttl(executor_key(PREFIX, "exec-kill")) <= LIVENESS_TTL_S * 1000
+    wait_for(lambda: executor.record(redis_client) is None, LIVENESS_TTL_S + 2, "record expiry")
+    # Polling every 20 ms on a loaded machine: allow a little scheduling slack.
+    assert time.monotonic() - killed_at <= LIVENESS_TTL_S + 0.5
+
+
+async def _stream_through_sigterm(
+    executor: Executor, client: redis.Redis, max_tokens: int
+) -> dict[str, object]:
+    """Start a stream, SIGTERM the executor, probe it while it drains, read to the end."""
+    seen: dict[str, object] = {}
+    async with grpc.aio.insecure_channel(executor.address) as channel:
+        stub = executor_pb2_grpc.ExecutorStub(channel)
+        call = stub.Generate(
+            pb.GenerateRequest(
+                request_id="long",
+                prompt_token_ids=[1, 412, 87, 1024, 9],
+                params=pb.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+            )
+        )
+        messages = [await call.read()]
+        executor.proc.send_signal(signal.SIGTERM)
+
+        health = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="quire.v1.Executor")
+        deadline = time.monotonic() + 5
+        while (await health.Check(request)).status != health_pb2.HealthCheckResponse.NOT_SERVING:
+            assert time.monotonic() < deadline, "health never went NOT_SERVING"
+            await asyncio.sleep(0.02)
+        wait_for(lambda: getattr(executor.record(client), "draining", False), 3, "draining")
+        seen["record_draining"] = True
+        try:
+            await stub.Generate(pb.GenerateRequest(request_id="late", prompt_token_ids=[1])).read()
+        except grpc.aio.AioRpcError as exc:
+            seen["late"] = (exc.code(), exc.details())
+        status = await stub.GetStatus(pb.GetStatusRequest())
+        seen["status_draining"] = status.draining
+        seen["running_while_draining"] = status.num_running
+
+        while (message := await call.read()) is not grpc.aio.EOF:
+            messages.append(message)
+        seen["messages"] = messages
+    return seen
+
+
+def test_sigterm_lets_the_running_stream_finish_then_exits_0(
+    executor_factory: Callable[[str], Executor],
+    redis_client: redis.Redis,
+    memory_manager: ServiceProcess,
+) -> None:
+    executor = executor_factory("exec-drain")
+    executor.wait_record(redis_client)
+    max_tokens = 600
+    seen = asyncio.run(_stream_through_sigterm(executor, redis_client, max_tokens))
+
+    assert seen["late"] == (grpc.StatusCode.UNAVAILABLE, "draining")
+    assert seen["status_draining"] is True
+    assert seen["record_draining"] is True
+    assert seen["running_while_draining"] == 1, "the stream ended before the drain was probed"
+    messages = seen["messages"]
+    assert isinstance(messages, list)
+    assert messages[-1].finished
+    assert sum(len(m.outputs[0].token_ids) for m in messages if m.outputs) == max_tokens
+    assert messages[-1].outputs[0].finish_reason == "length"
+
+    assert executor.proc.wait(30) == 0, executor.log()
+    assert executor.record(redis_client) is None
+    assert not redis_client.sismember(executors_key(PREFIX), "exec-drain")
+    assert manager_stats(memory_manager.target, "exec-drain") is None, "still registered"
+    assert '"draining"' in executor.log()
+
+
+def test_stale_epoch_fails_requests_and_exits_1(
+    executor_factory: Callable[[str], Executor],
+    redis_client: redis.Redis,
+    memory_manager: ServiceProcess,
+) -> None:
+    executor = executor_factory("exec-stale")
+    record = executor.wait_record(redis_client)
+    # A newer incarnation registers under the same id: the running one is now stale.
+    with grpc.insecure_channel(memory_manager.target) as channel:
+        memory_manager_pb2_grpc.MemoryManagerStub(channel).Register(
+            memory_manager_pb2.RegisterRequest(
+                executor_id="exec-stale",
+                epoch=(record.epoch + 1) % 2**63,
+                num_blocks=NUM_KV_BLOCKS,
+                block_size=16,
+                enable_prefix_caching=True,
+                address="127.0.0.1:1",
+            )
+        )
+    with grpc.insecure_channel(executor.address) as channel:
+        stub = executor_pb2_grpc.ExecutorStub(channel)
+        request = pb.GenerateRequest(request_id="r", prompt_token_ids=[1, 2, 3])
+        with pytest.raises(grpc.RpcError) as info:
+            list(stub.Generate(request))
+    assert info.value.code() == grpc.StatusCode.INTERNAL
+    assert executor.proc.wait(30) == 1, executor.log()
+    assert "stale epoch" in executor.log()

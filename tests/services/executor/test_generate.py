@@ -1,0 +1,310 @@
+"""The Executor gRPC service in-process (local BlockManager): streams equal the offline LLM."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import generate_latest
+
+from quire import LLM, SamplingParams
+from quire.rpc import executor_pb2 as pb
+from quire.rpc import executor_pb2_grpc
+from services.executor.server import ExecutorServer
+from tests.services.executor.conftest import NUM_KV_BLOCKS, LoopThread
+
+PROMPT = [1, 412, 87, 1024, 9, 3301, 77, 18, 250, 4001, 6]
+
+
+@dataclass
+class Streamed:
+    """Deltas of one output index, concatenated."""
+
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""
+    stop_reason: str = ""
+    num_logprobs: int = 0
+
+
+@dataclass
+class StreamResult:
+    outputs: dict[int, Streamed]
+    messages: list[pb.GenerateResponse]
+
+
+@pytest.fixture(scope="module")
+def offline(tiny_model: Path) -> LLM:
+    return LLM(model=str(tiny_model), num_kv_blocks=NUM_KV_BLOCKS)
+
+
+def target(server: ExecutorServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+async def generate(address: str, request: pb.GenerateRequest) -> StreamResult:
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = executor_pb2_grpc.ExecutorStub(channel)
+        outputs: dict[int, Streamed] = {}
+        messages = []
+        async for message in stub.Generate(request):
+            messages.append(message)
+            for delta in message.outputs:
+                out = outputs.setdefault(delta.index, Streamed())
+                assert not out.finish_reason, "a delta arrived after the output finished"
+                out.token_ids += delta.token_ids
+                out.text += delta.text
+                out.finish_reason = delta.finish_reason
+                out.stop_reason = delta.stop_reason
+                out.num_logprobs += len(delta.logprobs)
+        return StreamResult(outputs, messages)
+
+
+async def status(address: str) -> pb.ExecutorStatus:
+    async with grpc.aio.insecure_channel(address) as channel:
+        return await executor_pb2_grpc.ExecutorStub(channel).GetStatus(pb.GetStatusRequest())
+
+
+async def wait_idle(address: str, timeout: float = 10.0) -> pb.ExecutorStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = await status(address)
+        if (st.num_running, st.num_waiting, st.kv_blocks_used) == (0, 0, 0):
+            return st
+        assert time.monotonic() < deadline, f"executor not idle: {st}"
+        await asyncio.sleep(0.05)
+
+
+def assert_same_as_offline(result: StreamResult, offline: LLM, params: SamplingParams) -> None:
+    [expected] = offline.generate([{"prompt_token_ids": PROMPT}], params, use_tqdm=False)
+    assert sorted(result.outputs) == [o.index for o in expected.outputs]
+    for want in expected.outputs:
+        got = result.outputs[want.index]
+        assert got.token_ids == want.token_ids
+        assert got.text == want.text
+        assert got.finish_reason == want.finish_reason
+        assert got.stop_reason == ("" if want.stop_reason is None else str(want.stop_reason))
+    assert [m.finished for m in result.messages] == [False] * (len(result.messages) - 1) + [True]
+    assert all(m.num_prompt_tokens == len(PROMPT) for m in result.messages)
+
+
+def test_greedy_stream_equals_offline(
+    aio: LoopThread, local_executor: ExecutorServer, offline: LLM
+) -> None:
+    request = pb.GenerateRequest(
+        request_id="greedy",
+        prompt_token_ids=PROMPT,
+        params=pb.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3),
+    )
+    result = aio.run(generate(target(local_executor), request))
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3)
+    assert_same_as_offline(result, offline, params)
+    # One message per engine step: the first carries the first token, then one each.
+    assert len(result.messages) == 24
+    assert result.outputs[0].num_logprobs == 24
+    assert all(len(m.outputs[0].logprobs[0].top) == 3 for m in result.messages)
+
+
+def test_n3_returns_three_outputs(
+    aio: LoopThread, local_executor: ExecutorServer, offline: LLM
+) -> None:
+    request = pb.GenerateRequest(
+        request_id="n3",
+        prompt_token_ids=PROMPT,
+        params=pb.SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True),
+    )
+    result = aio.run(generate(target(local_executor), request))
+    assert sorted(result.outputs) == [0, 1, 2]
+    assert all(
+        len(o.token_ids) == 8 and o.finish_reason == "length" for o in result.outputs.values()
+    )
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
+    assert_same_as_offline(result, offline, params)
+
+
+def test_stop_string_ends_with_stop(
+    aio: LoopThread, local_executor: ExecutorServer, offline: LLM
+) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    [full] = offline.generate([{"prompt_token_ids": PROMPT}], greedy, use_tqdm=False)
+    text = full.outputs[0].text
+    # A stop string spanning several tokens: the stream must hold back its prefix.
+    stop = text[len(text) // 3 : len(text) // 3 + 6]
+    assert len(stop.strip()) >= 3, f"greedy text too short to cut a stop string from: {text!r}"
+    request = pb.GenerateRequest(
+        request_id="stop",
+        prompt_token_ids=PROMPT,
+        params=pb.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
+    )
+    result = aio.run(generate(target(local_executor), request))
+    out = result.outputs[0]
+    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
+    assert out.text == text[: text.find(stop)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
+    assert_same_as_offline(result, offline, params)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        (PROMPT, pb.SamplingParams(temperature=-1.0), "temperature"),
+        (PROMPT, pb.SamplingParams(top_p=0.0), "top_p"),
+        (PROMPT, pb.SamplingParams(logprobs=99), "logprobs"),
+        ([], pb.SamplingParams(), "prompt_token_ids"),
+        ([1, 99999], pb.SamplingParams(), "prompt_token_ids"),
+        ([5] * 4000, pb.SamplingParams(), "context"),
+        ([5] * (NUM_KV_BLOCKS * 16 + 1), pb.SamplingParams(), "KV blocks"),
+    ],
+)
+def test_invalid_request_is_invalid_argument(
+    aio: LoopThread,
+    local_executor: ExecutorServer,
+    prompt: list[int],
+    params: pb.SamplingParams,
+    message: str,
+) -> None:
+    request = pb.GenerateRequest(request_id="bad", prompt_token_ids=prompt, params=params)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        aio.run(generate(target(local_executor), request))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (info.value.details() or "")
+    st = aio.run(status(target(local_executor)))
+    assert (st.num_running, st.num_waiting, st.kv_blocks_used) == (0, 0, 0)
+
+
+def test_cancelled_stream_frees_its_blocks(aio: LoopThread, local_executor: ExecutorServer) -> None:
+    address = target(local_executor)
+
+    async def body() -> pb.ExecutorStatus:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = executor_pb2_grpc.ExecutorStub(channel)
+            call = stub.Generate(
+                pb.GenerateRequest(
+                    request_id="cancel-me",
+                    prompt_token_ids=PROMPT * 4,
+                    params=pb.SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True),
+                )
+            )
+            for _ in range(3):
+                await call.read()
+            busy = await status(address)
+            assert busy.num_running == 1 and busy.kv_blocks_used > 0
+            call.cancel()
+        return await wait_idle(address)
+
+    idle = aio.run(body())
+    assert idle.kv_blocks_total == NUM_KV_BLOCKS
+
+
+def test_abort_rpc_ends_stream_with_abort(aio: LoopThread, local_executor: ExecutorServer) -> None:
+    address = target(local_executor)
+
+    async def body() -> tuple[bool, list[pb.GenerateResponse], bool]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = executor_pb2_grpc.ExecutorStub(channel)
+            call = stub.Generate(
+                pb.GenerateRequest(
+                    request_id="abort-me",
+                    prompt_token_ids=PROMPT,
+                    params=pb.SamplingParams(n=2, temperature=0.0, max_tokens=500, ignore_eos=True),
+                )
+            )
+            first = await call.read()
+            found = (await stub.Abort(pb.AbortRequest(request_id="abort-me"))).found
+            rest = []
+            while (message := await call.read()) is not grpc.aio.EOF:
+                rest.append(message)
+            again = (await stub.Abort(pb.AbortRequest(request_id="abort-me"))).found
+            return found, [first, *rest], again
+
+    found, messages, again = aio.run(body())
+    assert found and not again
+    last = messages[-1]
+    assert last.finished
+    assert sorted((d.index, d.finish_reason) for d in last.outputs) == [(0, "abort"), (1, "abort")]
+    aio.run(wait_idle(address))
+
+
+def test_duplicate_request_id_is_already_exists(
+    aio: LoopThread, local_executor: ExecutorServer
+) -> None:
+    address = target(local_executor)
+    request = pb.GenerateRequest(
+        request_id="twice",
+        prompt_token_ids=PROMPT,
+        params=pb.SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True),
+    )
+
+    async def body() -> grpc.StatusCode:
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = executor_pb2_grpc.ExecutorStub(channel)
+            first = stub.Generate(request)
+            await first.read()
+            try:
+                async for _ in stub.Generate(request):
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+            else:
+                raise AssertionError("the duplicate id was accepted")
+            first.cancel()
+            return code
+
+    assert aio.run(body()) == grpc.StatusCode.ALREADY_EXISTS
+    aio.run(wait_idle(address))
+
+
+def test_status_and_health(aio: LoopThread, local_executor: ExecutorServer) -> None:
+    address = target(local_executor)
+
+    async def body() -> tuple[pb.ExecutorStatus, int]:
+        async with grpc.aio.insecure_channel(address) as channel:
+            st = await executor_pb2_grpc.ExecutorStub(channel).GetStatus(pb.GetStatusRequest())
+            health = health_pb2_grpc.HealthStub(channel)
+            reply = await health.Check(health_pb2.HealthCheckRequest(service="quire.v1.Executor"))
+            return st, reply.status
+
+    st, health = aio.run(body())
+    assert health == health_pb2.HealthCheckResponse.SERVING
+    assert st.executor_id == "test-executor"
+    assert st.model == "quire-tiny"
+    assert st.epoch == local_executor.epoch > 0
+    assert st.kv_blocks_total == NUM_KV_BLOCKS
+    assert not st.draining
+
+
+def test_metrics_use_vllm_names_with_quire_prefix(
+    aio: LoopThread, local_executor: ExecutorServer
+) -> None:
+    request = pb.GenerateRequest(
+        request_id="metrics",
+        prompt_token_ids=PROMPT,
+        params=pb.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+    )
+    aio.run(generate(target(local_executor), request))
+    aio.run(wait_idle(target(local_executor)))
+    assert local_executor.metrics is not None
+    text = generate_latest(local_executor.metrics.registry).decode()
+    for name in (
+        "quire:num_requests_running",
+        "quire:num_requests_waiting",
+        "quire:kv_cache_usage_perc",
+        "quire:num_preemptions_total",
+        "quire:prompt_tokens_total",
+        "quire:generation_tokens_total",
+        "quire:time_to_first_token_seconds_count",
+        "quire:e2e_request_latency_seconds_count",
+    ):
+        assert f'{name}{{model_name="quire-tiny"' in text, name
+    samples = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("quire:") and "_total{" in line
+    }
+    assert samples["quire:prompt_tokens_total"] >= len(PROMPT)
+    assert samples["quire:generation_tokens_total"] >= 4

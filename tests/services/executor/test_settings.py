@@ -1,0 +1,47 @@
+"""Settings: defaults, QUIRE_* environment, flags on top."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+from services.executor.settings import ExecutorSettings, parse_settings
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("QUIRE_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    s = parse_settings([])
+    assert (s.host, s.port, s.memory_manager) == ("127.0.0.1", 50061, "127.0.0.1:50051")
+    assert (s.model, s.num_kv_blocks, s.block_size, s.enable_prefix_caching) == (
+        "models/quire-tiny",
+        None,
+        16,
+        True,
+    )
+    assert s.resolved_model_name() == "quire-tiny"
+    assert s.resolved_advertise_address(50061) == "127.0.0.1:50061"
+    assert s.resolved_executor_id(50061) == f"{socket.gethostname()}:50061"
+
+
+def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QUIRE_PORT", "7000")
+    monkeypatch.setenv("QUIRE_REDIS_URL", "")
+    monkeypatch.setenv("QUIRE_MAX_MODEL_LEN", "512")
+    monkeypatch.setenv("QUIRE_SOMETHING_FOR_ANOTHER_SERVICE", "x")
+    s = parse_settings(["--port", "7001", "--no-enable-prefix-caching", "--num-kv-blocks", "99"])
+    assert (s.port, s.redis_url, s.max_model_len) == (7001, "", 512)
+    assert (s.enable_prefix_caching, s.num_kv_blocks) == (False, 99)
+
+
+def test_wildcard_host_advertises_the_hostname() -> None:
+    s = ExecutorSettings(host="0.0.0.0", served_model_name="tiny")
+    assert s.resolved_advertise_address(9) == f"{socket.gethostname()}:9"
+    assert s.resolved_model_name() == "tiny"

@@ -1,0 +1,84 @@
+"""LLMEngine over RemoteBlockAllocator: same tokens as in-process, across a manager restart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quire.block import LiveSequenceState
+from quire.cluster.remote_allocator import RemoteBlockAllocator
+from quire.config import EngineConfig
+from quire.engine.llm_engine import LLMEngine
+from quire.sampling_params import SamplingParams
+from tests.services.conftest import free_port
+from tests.services.memory_manager.conftest import ManagerThread
+
+TINY = Path(__file__).resolve().parents[3] / "models" / "quire-tiny"
+PROMPTS = {
+    "r0": "The paged cache keeps blocks",
+    "r1": "The paged cache keeps blocks of keys and values",  # shares r0's prefix
+    "r2": "Another prompt entirely",
+}
+
+
+def run(engine: LLMEngine, restart: object = None, at_step: int = 3) -> dict[str, list[int]]:
+    params = {
+        "r0": SamplingParams(temperature=0, max_tokens=12),
+        "r1": SamplingParams(temperature=0, max_tokens=12, n=2, seed=1),
+        "r2": SamplingParams(temperature=0.8, max_tokens=12, seed=7),
+    }
+    for request_id, prompt in PROMPTS.items():
+        engine.add_request(request_id, prompt, params[request_id])
+    tokens: dict[str, list[int]] = {}
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            for completion in output.outputs:
+                tokens[f"{output.request_id}/{completion.index}"] = list(completion.token_ids)
+        num_steps += 1
+        if num_steps == at_step and callable(restart):
+            restart()
+    return tokens
+
+
+@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="make model first")
+def test_engine_over_remote_allocator_survives_manager_restart() -> None:
+    config = EngineConfig(model=str(TINY), block_size=4, num_kv_blocks=48, device="cpu")
+    expected = run(LLMEngine(config))
+
+    port = free_port()
+    managers = [ManagerThread(port=port).start()]
+    engine: LLMEngine | None = None
+    num_live: list[int] = []
+
+    def live() -> list[LiveSequenceState]:
+        assert engine is not None
+        states = engine.live_sequences()
+        num_live.append(len(states))
+        return states
+
+    def factory(num_blocks: int) -> RemoteBlockAllocator:
+        return RemoteBlockAllocator(
+            managers[0].target, "e1", 1, num_blocks, 4, True, "", live, retry_total_s=20
+        )
+
+    def restart() -> None:
+        managers[0].stop()  # the manager forgets everything
+        managers.append(ManagerThread(port=port).start())
+
+    try:
+        engine = LLMEngine(config, allocator_factory=factory)
+        allocator = engine.allocator
+        assert isinstance(allocator, RemoteBlockAllocator)
+        allocator.register()
+        got = run(engine, restart)
+        assert allocator.num_registrations == 2, "the restart was not noticed"
+        assert num_live[0] == 0 and num_live[1] >= 3  # r0, r1 (and its fork), r2 running
+        assert got == expected
+        stats = allocator.stats()
+        assert stats.num_blocks_used == 0  # every sequence finished and was freed
+        allocator.close()
+    finally:
+        for manager in managers:
+            manager.stop()

@@ -1,0 +1,130 @@
+"""A test double of the executor: a real grpc.aio server streaming scripted tokens.
+
+It speaks quire.v1.Executor exactly as the real one does on the wire (one response per
+"step", the last with finished = true; cancelling the call aborts it), but instead of a model
+it plays a `Script`. Every request and every cancellation is recorded for assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import grpc
+
+from quire.rpc import executor_pb2 as pb
+from quire.rpc import executor_pb2_grpc
+
+EOS = 2
+
+
+@dataclass
+class Script:
+    """What the fake answers to the next Generate calls."""
+
+    tokens: list[int] = field(default_factory=list)  # per output; EOS at the end = "stop"
+    tokens_per_message: int = 1
+    delay_s: float = 0.0  # pause after each message
+    first_delay_s: float = 0.0  # "queued / prefilling" time before the first message
+    num_cached_tokens: int = 0
+    error: grpc.StatusCode | None = None  # abort with this before any output
+    error_message: str = "scripted failure"
+
+
+class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
+    """Plays `script` for every Generate call."""
+
+    def __init__(self, executor_id: str) -> None:
+        self.executor_id = executor_id
+        self.script = Script()
+        self.requests: list[pb.GenerateRequest] = []
+        self.cancelled: list[str] = []
+        self.completed: list[str] = []
+
+    def reset(self, script: Script) -> None:
+        self.script = script
+        self.requests.clear()
+        self.cancelled.clear()
+        self.completed.clear()
+
+    async def Generate(  # noqa: N802 (gRPC method name)
+        self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
+    ):  # type: ignore[no-untyped-def]
+        self.requests.append(request)
+        script = self.script
+        if script.error is not None:
+            await context.abort(script.error, script.error_message)
+        params = request.params
+        n = params.n or 1
+        max_tokens = params.max_tokens or 16
+        tokens = script.tokens[:max_tokens]
+        reason = "stop" if tokens and tokens[-1] == EOS else "length"
+        k = params.logprobs if params.HasField("logprobs") else None
+        try:
+            if script.first_delay_s:
+                await asyncio.sleep(script.first_delay_s)
+            step = max(1, script.tokens_per_message)
+            for start in range(0, len(tokens), step):
+                chunk = tokens[start : start + step]
+                last = start + step >= len(tokens)
+                outputs = []
+                for index in range(n):
+                    delta = pb.CompletionDelta(
+                        index=index, token_ids=chunk, finish_reason=reason if last else ""
+                    )
+                    if k is not None:
+                        delta.logprobs.extend(_logprobs(t, k) for t in chunk)
+                    outputs.append(delta)
+                yield pb.GenerateResponse(
+                    outputs=outputs,
+                    finished=last,
+                    num_prompt_tokens=len(request.prompt_token_ids),
+                    num_cached_tokens=script.num_cached_tokens,
+                )
+                if script.delay_s:
+                    await asyncio.sleep(script.delay_s)
+            self.completed.append(request.request_id)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+
+    async def Abort(  # noqa: N802
+        self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> pb.AbortResponse:
+        return pb.AbortResponse(found=False)
+
+    async def GetStatus(  # noqa: N802
+        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ExecutorStatus:
+        return pb.ExecutorStatus(executor_id=self.executor_id, model="quire-tiny")
+
+
+def _logprobs(token_id: int, k: int) -> pb.TokenLogprobs:
+    top = [
+        pb.TopLogprob(token_id=token_id, logprob=-0.25, rank=1),
+        pb.TopLogprob(token_id=(token_id + 1) % 4096, logprob=-1.5, rank=2),
+    ]
+    return pb.TokenLogprobs(token_id=token_id, logprob=-0.25, top=top[:k])
+
+
+@dataclass
+class FakeServer:
+    """A started fake on 127.0.0.1:port."""
+
+    executor: FakeExecutor
+    server: grpc.aio.Server
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+async def start_fake(executor_id: str) -> FakeServer:
+    """Serve a FakeExecutor on a free port (call inside the loop that will run it)."""
+    server = grpc.aio.server()
+    executor = FakeExecutor(executor_id)
+    executor_pb2_grpc.add_ExecutorServicer_to_server(executor, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return FakeServer(executor, server, port)
