@@ -133,6 +133,17 @@ def test_shared_prefix_goes_to_one_executor_and_hits(stack: Stack) -> None:
         cached.append(details.get("cached_tokens", 0))
     assert len(set(served)) == 1, served
     assert max(cached[1:]) >= 144, cached  # the 9 full prefix blocks were served from cache
+    # The memory manager itself counts the hits for that executor.
+    import grpc
+
+    from quire.rpc import memory_manager_pb2, memory_manager_pb2_grpc
+
+    target = f"{stack.config.host}:{stack.config.memory_manager_port}"
+    with grpc.insecure_channel(target) as channel:
+        stats = memory_manager_pb2_grpc.MemoryManagerStub(channel).GetStats(
+            memory_manager_pb2.GetStatsRequest(executor_id=served[0]), timeout=5
+        )
+    assert stats.prefix_cache_hits >= 5 * 144, stats
 
 
 def test_client_disconnect_frees_blocks(stack: Stack) -> None:
