@@ -21,6 +21,8 @@ class StackConfig:
     redis_port: int = 6379
     memory_manager_port: int = 50051
     executor_base_port: int = 50061  # executor i listens on base + i
+    memory_manager_metrics_port: int = 9151  # Prometheus /metrics of the memory manager
+    executor_base_metrics_port: int = 9161  # executor i serves /metrics on base + i
     num_executors: int = 2
     num_kv_blocks: int = 2048  # per executor
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
@@ -91,6 +93,8 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 c.redis_url,
                 "--redis-prefix",
                 c.redis_prefix,
+                "--metrics-port",
+                str(c.memory_manager_metrics_port),
             ],
             ready=("tcp", str(c.memory_manager_port)),
         ),
@@ -120,6 +124,8 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                     c.redis_prefix,
                     "--num-kv-blocks",
                     str(c.num_kv_blocks),
+                    "--metrics-port",
+                    str(c.executor_base_metrics_port + i),
                 ],
                 ready=("tcp", str(port)),
             )

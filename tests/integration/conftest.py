@@ -32,6 +32,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         redis_port=free_port(),
         memory_manager_port=free_port(),
         executor_base_port=base if base < 60000 else 40000,
+        memory_manager_metrics_port=free_port(),
+        executor_base_metrics_port=free_port() if base < 60000 else 41000,
         num_executors=2,
         num_kv_blocks=512,
         max_pending_per_executor=24,
