@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/quire/rpc/*.proto)
 RPC_STAMP := libs/quire/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install proto redis model up down test test-fast lint format bench-engine bench-kernels gpu-check clean
+.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-kernels loadtest gpu-check clean compose images
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -17,7 +17,10 @@ help:
 	@echo "make test          install everything, lint, run the whole suite"
 	@echo "make model         generate models/quire-tiny and models/quire-bench"
 	@echo "make bench-engine  offline engine benchmark against transformers"
+	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
+	@echo "make compose       regenerate compose.yaml from the stack's process list"
+	@echo "make images        docker build the service images (VARIANT=cpu|cuda)"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -42,6 +45,10 @@ proto: $(RPC_STAMP)
 redis:
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
 
+# Headless Chromium for the dashboard's browser test (Debian package; never a download).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+
 models/quire-tiny/config.json: $(STAMP) libs/quire/tools/make_model.py
 	$(PY) -m quire.tools.make_model --preset tiny --out models/quire-tiny
 
@@ -57,6 +64,17 @@ up: model redis $(RPC_STAMP)
 down:
 	@test -x $(PY) && $(PY) -m services.stack down || true
 
+# compose.yaml is generated from services/stack/spec.py (the process list of `make up`).
+compose: $(STAMP)
+	$(PY) -m services.stack compose
+
+# The service images (needs Docker): VARIANT=cuda builds the CUDA executor image.
+VARIANT ?= cpu
+images:
+	for target in memory-manager executor router; do \
+		docker build --build-arg VARIANT=$(VARIANT) --target $$target -t quire-$$target:$(VARIANT) . || exit 1; \
+	done
+
 lint: $(STAMP) $(RPC_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -66,11 +84,22 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint model redis
+test: lint model redis chromium
 	$(PY) -m pytest -q -p no:cacheprovider
 
 bench-engine: model
 	$(PY) -m benchmarks.engine
+
+# Locust, headless, against a running stack (make up); CSV + HTML reports in bench/results/.
+LOCUST_HOST ?= http://127.0.0.1:8000
+LOCUST_USERS ?= 16
+LOCUST_SPAWN_RATE ?= 4
+LOCUST_TIME ?= 60s
+loadtest: $(STAMP)
+	mkdir -p bench/results
+	$(VENV)/bin/locust -f loadtests/locustfile.py --headless --host $(LOCUST_HOST) \
+		-u $(LOCUST_USERS) -r $(LOCUST_SPAWN_RATE) -t $(LOCUST_TIME) --stop-timeout 60 \
+		--csv bench/results/loadtest --html bench/results/loadtest.html
 
 bench-kernels: $(STAMP)
 	$(PY) -m benchmarks.decode_attention

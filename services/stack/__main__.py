@@ -1,4 +1,8 @@
-"""`python -m services.stack up|down`: the local stack behind `make up` / `make down`."""
+"""`python -m services.stack up|down|compose`: the local stack behind `make up` / `make down`.
+
+`compose` writes compose.yaml from the same process list (`make compose`); with `--check` it
+only says whether the committed file is stale.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +18,14 @@ RUN_DIR = Path(".run")
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m services.stack")
-    parser.add_argument("command", choices=["up", "down"])
+    parser.add_argument("command", choices=["up", "down", "compose"])
     parser.add_argument("--run-dir", type=Path, default=RUN_DIR, help="pids and logs (.run)")
+    parser.add_argument(
+        "--check", action="store_true", help="compose: exit 1 if compose.yaml is out of date"
+    )
     args = parser.parse_args(argv)
+    if args.command == "compose":
+        return write_compose(check=args.check)
     if args.command == "down":
         stopped = stop_from_pid_file(args.run_dir)
         print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
@@ -38,6 +47,23 @@ def main(argv: list[str] | None = None) -> int:
         '"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}\''
     )
     print("\nmake down   # stops everything")
+    return 0
+
+
+def write_compose(check: bool = False) -> int:
+    """Render compose.yaml from the process list (or, with `check`, compare it)."""
+    from services.stack.compose import COMPOSE_FILE, render
+
+    text = render()
+    current = COMPOSE_FILE.read_text() if COMPOSE_FILE.is_file() else ""
+    if check:
+        if current != text:
+            print("compose.yaml is out of date: run `make compose`", file=sys.stderr)
+            return 1
+        return 0
+    if current != text:
+        COMPOSE_FILE.write_text(text)
+    print(f"{COMPOSE_FILE.name}: {'unchanged' if current == text else 'written'}")
     return 0
 
 

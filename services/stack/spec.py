@@ -1,7 +1,9 @@
 """The process list of a Quire stack: Redis, a memory manager, executors, the router.
 
-`make up`, the integration tests and (later) compose.yaml all take their commands from
-`stack_processes`, so the ways of running Quire cannot drift apart.
+`make up`, the integration tests and compose.yaml (`python -m services.stack compose`) all
+take their commands from `stack_processes`, so the ways of running Quire cannot drift apart.
+The local defaults bind 127.0.0.1 and reach every process there; `CONTAINER_CONFIG` describes
+the same stack as containers: bound on 0.0.0.0 and reached at their service names.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ class StackConfig:
     """Ports and sizes of a local stack. Every field can be set by a QUIRE_STACK_* variable."""
 
     host: str = "127.0.0.1"  # every process binds here
+    # Containers: processes reach each other at their names (redis, memory-manager,
+    # executor-N) instead of at `host`, and executors advertise that name to routers.
+    address_by_name: bool = False
     model: str = "models/quire-tiny"  # checkpoint served by executors, tokenizer for the router
     router_port: int = 8000  # the only port meant for clients
     redis_port: int = 6379
@@ -37,17 +42,46 @@ class StackConfig:
         for name, f in cls.__dataclass_fields__.items():
             env = os.environ.get(f"QUIRE_STACK_{name.upper()}")
             if env is not None:
-                values[name] = int(env) if f.type == "int" else env
+                if f.type == "int":
+                    values[name] = int(env)
+                elif f.type == "bool":
+                    values[name] = env.lower() in ("1", "true", "yes", "on")
+                else:
+                    values[name] = env
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 
+    def address(self, name: str) -> str:
+        """Where the other processes reach process `name`."""
+        return name if self.address_by_name else self.host
+
     @property
     def redis_url(self) -> str:
-        return f"redis://{self.host}:{self.redis_port}/0"
+        return f"redis://{self.address('redis')}:{self.redis_port}/0"
 
     @property
     def router_url(self) -> str:
         return f"http://{self.host}:{self.router_port}"
+
+
+# The same stack as containers (compose.yaml): each process in its own network namespace,
+# the model baked into the image (or mounted) at /models, `python` the image's interpreter.
+CONTAINER_CONFIG = StackConfig(
+    host="0.0.0.0",
+    address_by_name=True,
+    model="/models/quire-tiny",
+    python="python",
+    redis_server="redis-server",
+)
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """How a process reports health from inside its container (compose healthchecks)."""
+
+    kind: str  # "redis" (PING), "grpc" (grpc.health.v1 Check) or "http" (GET path, 200)
+    port: int
+    path: str = ""  # for "http"
 
 
 @dataclass(frozen=True)
@@ -59,6 +93,9 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)
     # How readiness is checked: ("tcp", port) or ("http", url).
     ready: tuple[str, str] = ("tcp", "")
+    # Processes that must be healthy before this one starts (all come earlier in the list).
+    depends_on: tuple[str, ...] = ()
+    health: HealthCheck | None = None
 
 
 def stack_processes(c: StackConfig) -> list[ProcessSpec]:
@@ -78,6 +115,7 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 "no",
             ],
             ready=("tcp", str(c.redis_port)),
+            health=HealthCheck("redis", c.redis_port),
         ),
         ProcessSpec(
             "memory-manager",
@@ -97,37 +135,47 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 str(c.memory_manager_metrics_port),
             ],
             ready=("tcp", str(c.memory_manager_port)),
+            depends_on=("redis",),
+            health=HealthCheck("grpc", c.memory_manager_port),
         ),
     ]
-    for i in range(c.num_executors):
+    executors = [f"executor-{i}" for i in range(c.num_executors)]
+    for i, name in enumerate(executors):
         port = c.executor_base_port + i
+        argv = [
+            c.python,
+            "-m",
+            "services.executor",
+            "--host",
+            c.host,
+            "--port",
+            str(port),
+            "--executor-id",
+            name,
+            "--model",
+            c.model,
+            "--memory-manager",
+            f"{c.address('memory-manager')}:{c.memory_manager_port}",
+            "--redis-url",
+            c.redis_url,
+            "--redis-prefix",
+            c.redis_prefix,
+            "--num-kv-blocks",
+            str(c.num_kv_blocks),
+            "--metrics-port",
+            str(c.executor_base_metrics_port + i),
+        ]
+        if c.address_by_name:
+            # Routers dial what the executor advertises; a container's hostname is not
+            # its service name, so name it explicitly.
+            argv += ["--advertise-address", f"{c.address(name)}:{port}"]
         procs.append(
             ProcessSpec(
-                f"executor-{i}",
-                [
-                    c.python,
-                    "-m",
-                    "services.executor",
-                    "--host",
-                    c.host,
-                    "--port",
-                    str(port),
-                    "--executor-id",
-                    f"executor-{i}",
-                    "--model",
-                    c.model,
-                    "--memory-manager",
-                    f"{c.host}:{c.memory_manager_port}",
-                    "--redis-url",
-                    c.redis_url,
-                    "--redis-prefix",
-                    c.redis_prefix,
-                    "--num-kv-blocks",
-                    str(c.num_kv_blocks),
-                    "--metrics-port",
-                    str(c.executor_base_metrics_port + i),
-                ],
+                name,
+                argv,
                 ready=("tcp", str(port)),
+                depends_on=("redis", "memory-manager"),
+                health=HealthCheck("grpc", port),
             )
         )
     procs.append(
@@ -153,6 +201,8 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 str(c.max_pending_total),
             ],
             ready=("http", f"{c.router_url}/health"),
+            depends_on=("redis", *executors),
+            health=HealthCheck("http", c.router_port, "/health"),
         )
     )
     return procs

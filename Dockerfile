@@ -1,0 +1,104 @@
+# syntax=docker/dockerfile:1.7
+# One image build for every Quire service; the target picks the entrypoint:
+#
+#   docker build --target router         -t quire-router:cpu .
+#   docker build --target memory-manager -t quire-memory-manager:cpu .
+#   docker build --target executor       -t quire-executor:cpu .
+#   docker build --target executor --build-arg VARIANT=cuda -t quire-executor:cuda .
+#
+# VARIANT=cpu (default) installs the CPU build of torch; VARIANT=cuda installs the CUDA build
+# (its CUDA runtime comes as nvidia-* wheels, so the host needs only the NVIDIA driver and the
+# container toolkit). Flags and QUIRE_* variables configure each service (see its README);
+# compose.yaml and k8s/ pass them. The default checkpoint is generated into /models/quire-tiny
+# at build time; mount a volume at /models to serve others.
+
+ARG VARIANT=cpu
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# ---- the two variants: which torch, and what the runtime needs around it ----
+FROM ${PYTHON_IMAGE} AS python-cpu
+ENV TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+FROM ${PYTHON_IMAGE} AS python-cuda
+# PyPI's Linux torch wheels are the CUDA builds. Triton compiles its CUDA launcher with the
+# system C compiler the first time a kernel runs, so the runtime keeps gcc.
+ENV TORCH_INDEX_URL=https://pypi.org/simple \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+
+# ---- build: venv, pinned dependencies, gRPC stubs, the default model ----
+FROM python-${VARIANT} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+RUN python -m venv /opt/venv
+WORKDIR /app
+# Dependencies first (their layer survives source edits): torch from the variant's index, then
+# the pins of pyproject.toml, then grpcio-tools for the stubs (build only).
+COPY pyproject.toml README.md ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + [d for d in p['optional-dependencies']['dev'] \
+if d.startswith('grpcio-tools==')]))" > /tmp/requirements.txt
+RUN pip install --index-url "$TORCH_INDEX_URL" "$(grep '^torch==' /tmp/requirements.txt)" \
+    && pip install -r /tmp/requirements.txt
+COPY libs libs
+COPY kernels kernels
+COPY protos protos
+COPY services services
+# Editable, like the dev install: quire.rpc is generated inside libs/quire, next to the code.
+RUN pip install --no-deps -e . \
+    && mkdir -p libs/quire/rpc \
+    && python -m grpc_tools.protoc -Iprotos --python_out=libs --grpc_python_out=libs \
+        --pyi_out=libs protos/quire/rpc/*.proto \
+    && echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > libs/quire/rpc/__init__.py \
+    && pip uninstall -y grpcio-tools \
+    && python -m compileall -q libs kernels services
+RUN python -m quire.tools.make_model --preset tiny --out /models/quire-tiny
+
+# ---- runtime: the venv, the code and the model; a non-root user ----
+FROM python-${VARIANT} AS runtime
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    TOKENIZERS_PARALLELISM=false \
+    HF_HUB_OFFLINE=1 \
+    HOME=/tmp \
+    HF_HOME=/tmp/huggingface \
+    TRITON_HOME=/tmp \
+    TRITON_CACHE_DIR=/tmp/triton \
+    XDG_CACHE_HOME=/tmp/cache
+RUN groupadd --system --gid 10001 quire \
+    && useradd --system --uid 10001 --gid quire --home-dir /app --shell /usr/sbin/nologin quire
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
+COPY --from=build --chown=quire:quire /models /models
+WORKDIR /app
+USER 10001:10001
+# k8s/ runs the image with a read-only root filesystem: HOME and every cache (Hugging Face,
+# Triton) point at /tmp, an emptyDir there.
+
+FROM runtime AS memory-manager
+EXPOSE 50051 9151
+HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
+    CMD ["python", "-m", "services.healthcheck", "grpc", "127.0.0.1:50051"]
+ENTRYPOINT ["python", "-m", "services.memory_manager"]
+CMD ["--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9151"]
+
+FROM runtime AS executor
+EXPOSE 50061 9161
+HEALTHCHECK --interval=5s --timeout=3s --start-period=600s --retries=3 \
+    CMD ["python", "-m", "services.healthcheck", "grpc", "127.0.0.1:50061"]
+ENTRYPOINT ["python", "-m", "services.executor"]
+# Without flags it serves alone (in-process blocks, no Redis); compose.yaml and k8s/ wire it up.
+CMD ["--host", "0.0.0.0", "--port", "50061", "--memory-manager", "local", "--redis-url", "", \
+     "--metrics-port", "9161"]
+
+# The router is last: a plain `docker build .` builds it.
+FROM runtime AS router
+EXPOSE 8000
+HEALTHCHECK --interval=5s --timeout=3s --start-period=60s --retries=3 \
+    CMD ["python", "-m", "services.healthcheck", "http", "http://127.0.0.1:8000/health"]
+ENTRYPOINT ["python", "-m", "services.router"]
+CMD ["--host", "0.0.0.0", "--port", "8000", "--model", "/models/quire-tiny"]

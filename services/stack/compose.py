@@ -1,0 +1,161 @@
+"""compose.yaml, rendered from the same process list as `make up` (`stack_processes`).
+
+Each process becomes one Compose service with the same argv (image entrypoint + command) and
+the same environment, `CONTAINER_CONFIG` mapping 127.0.0.1 to 0.0.0.0 / service names. Only
+the router publishes a port. Services that are not part of the stack (Prometheus, Grafana,
+...) go in `deploy/compose/*.yaml` fragments: their `services`, `volumes`, `networks`,
+`configs` and `secrets` are merged in, file by file, in name order.
+
+    python -m services.stack compose           # rewrite compose.yaml (`make compose`)
+    python -m services.stack compose --check   # exit 1 if compose.yaml is stale
+"""
+
+from __future__ import annotations
+
+import posixpath
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.stack.spec import (
+    CONTAINER_CONFIG,
+    HealthCheck,
+    ProcessSpec,
+    StackConfig,
+    stack_processes,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "compose.yaml"
+FRAGMENTS_DIR = REPO / "deploy" / "compose"
+
+PROJECT_NAME = "quire"
+REDIS_IMAGE = "redis:7.4-alpine"
+IMAGE_VARIANT = "cpu"  # Dockerfile VARIANT; deploy/compose.gpu.yaml switches executors to cuda
+MODELS_VOLUME = "models"  # named volume, filled from the image's /models on first start
+PUBLISH_HOST_IP = "127.0.0.1"  # host address the router's port is published on
+EXECUTOR_STOP_GRACE = "330s"  # executors drain for up to --drain-timeout-s (300 s) on SIGTERM
+FRAGMENT_KEYS = ("services", "volumes", "networks", "configs", "secrets")
+
+HEADER = (
+    "# Generated from services/stack/spec.py by `make compose`: do not edit by hand.\n"
+    "# The same process list as `make up`. Add other services in deploy/compose/*.yaml.\n"
+    "# docker compose up --build   # router on http://127.0.0.1:8000\n"
+)
+
+
+def image_target(spec: ProcessSpec) -> str | None:
+    """The Dockerfile target of a `python -m services.<name>` process (None: not ours)."""
+    if len(spec.argv) >= 3 and spec.argv[1] == "-m" and spec.argv[2].startswith("services."):
+        return spec.argv[2].removeprefix("services.").replace("_", "-")
+    return None
+
+
+def healthcheck_test(health: HealthCheck, python: str) -> list[str]:
+    """The container-side check of one process, as a compose `test` list."""
+    if health.kind == "redis":
+        return ["CMD", "redis-cli", "-p", str(health.port), "ping"]
+    check = [python, "-m", "services.healthcheck"]
+    if health.kind == "grpc":
+        return ["CMD", *check, "grpc", f"127.0.0.1:{health.port}"]
+    if health.kind == "http":
+        return ["CMD", *check, "http", f"http://127.0.0.1:{health.port}{health.path}"]
+    raise ValueError(f"unknown health check kind {health.kind!r}")
+
+
+def published_ports(c: StackConfig) -> dict[str, int]:
+    """The only ports reachable from the host: process name -> port (the router's HTTP)."""
+    return {"router": c.router_port}
+
+
+def compose_service(spec: ProcessSpec, c: StackConfig) -> dict[str, Any]:
+    """One process as a Compose service."""
+    service: dict[str, Any] = {}
+    target = image_target(spec)
+    if target is None:
+        service["image"] = REDIS_IMAGE
+        service["command"] = list(spec.argv)
+    else:
+        service["image"] = f"quire-{target}:{IMAGE_VARIANT}"
+        service["build"] = {"context": ".", "target": target, "args": {"VARIANT": IMAGE_VARIANT}}
+        service["entrypoint"] = list(spec.argv[:3])  # equals the image's ENTRYPOINT
+        service["command"] = list(spec.argv[3:])
+    if spec.env:
+        service["environment"] = dict(spec.env)
+    if c.model in spec.argv:
+        service["volumes"] = [
+            {"type": "volume", "source": MODELS_VOLUME, "target": posixpath.dirname(c.model)}
+        ]
+    port = published_ports(c).get(spec.name)
+    if port is not None:
+        service["ports"] = [
+            {"target": port, "published": str(port), "host_ip": PUBLISH_HOST_IP, "protocol": "tcp"}
+        ]
+    if spec.depends_on:
+        service["depends_on"] = {name: {"condition": "service_healthy"} for name in spec.depends_on}
+    if spec.health is not None:
+        slow_start = spec.name.startswith("executor-")  # loads the model before serving
+        service["healthcheck"] = {
+            "test": healthcheck_test(spec.health, c.python),
+            "interval": "5s",
+            "timeout": "3s",
+            "retries": 3,
+            "start_period": "600s" if slow_start else "60s",
+            "start_interval": "1s",
+        }
+    if spec.name.startswith("executor-"):
+        service["stop_grace_period"] = EXECUTOR_STOP_GRACE
+    service["restart"] = "unless-stopped"
+    return service
+
+
+def load_fragments(fragments_dir: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(file name, mapping) of every deploy/compose/*.yaml fragment, in name order."""
+    fragments = []
+    for path in sorted(fragments_dir.glob("*.yaml")) if fragments_dir.is_dir() else []:
+        doc = yaml.safe_load(path.read_text()) or {}
+        unknown = set(doc) - set(FRAGMENT_KEYS)
+        if unknown:
+            raise ValueError(f"{path.name}: only {', '.join(FRAGMENT_KEYS)} may be added")
+        fragments.append((path.name, doc))
+    return fragments
+
+
+def compose_document(
+    c: StackConfig = CONTAINER_CONFIG, fragments_dir: Path = FRAGMENTS_DIR
+) -> dict[str, Any]:
+    """The whole compose file as a mapping: the stack's services, then the fragments'."""
+    specs = stack_processes(c)
+    doc: dict[str, Any] = {
+        "name": PROJECT_NAME,
+        "services": {spec.name: compose_service(spec, c) for spec in specs},
+        "volumes": {MODELS_VOLUME: {}},
+    }
+    for file_name, fragment in load_fragments(fragments_dir):
+        for key in FRAGMENT_KEYS:
+            section = doc.setdefault(key, {})
+            for name, value in (fragment.get(key) or {}).items():
+                if name in section:
+                    raise ValueError(f"{file_name}: {key}.{name} is already defined")
+                section[name] = value
+    return doc
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, except short lists of scalars (entrypoints, healthcheck tests): one line."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, items: list[Any]) -> yaml.Node:
+    scalars = all(not isinstance(item, dict | list) for item in items)
+    flow = scalars and sum(len(str(item)) + 2 for item in items) <= 72
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", items, flow_style=flow)
+
+
+_Dumper.add_representer(list, _represent_list)
+
+
+def render(c: StackConfig = CONTAINER_CONFIG, fragments_dir: Path = FRAGMENTS_DIR) -> str:
+    """compose.yaml's exact text."""
+    body = yaml.dump(compose_document(c, fragments_dir), Dumper=_Dumper, sort_keys=False, width=100)
+    return HEADER + body

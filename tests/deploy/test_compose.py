@@ -1,0 +1,180 @@
+"""compose.yaml: generated from the stack's process list, valid, and wired like `make up`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from services.stack import compose
+from services.stack.spec import CONTAINER_CONFIG, ProcessSpec, StackConfig, stack_processes
+from tests.deploy import service_flags
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = json.loads((REPO / "deploy" / "schemas" / "compose-spec.json").read_text())
+LOCAL = StackConfig(python="/usr/bin/python3", model="models/quire-tiny")
+
+
+@pytest.fixture(scope="module")
+def doc() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "compose.yaml").read_text())  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def specs() -> dict[str, ProcessSpec]:
+    return {p.name: p for p in stack_processes(CONTAINER_CONFIG)}
+
+
+def test_compose_yaml_is_up_to_date() -> None:
+    assert (REPO / "compose.yaml").read_text() == compose.render(), (
+        "compose.yaml is out of date with services/stack/spec.py: run `make compose`"
+    )
+
+
+def test_compose_yaml_matches_the_compose_schema(doc: dict[str, Any]) -> None:
+    jsonschema.Draft7Validator(SCHEMA).validate(doc)
+
+
+def test_gpu_override_matches_the_schema_and_merges(doc: dict[str, Any]) -> None:
+    override = yaml.safe_load((REPO / "deploy" / "compose.gpu.yaml").read_text())
+    jsonschema.Draft7Validator(SCHEMA).validate(override)
+    assert set(override["services"]) <= set(doc["services"])
+    for name, service in override["services"].items():
+        assert name.startswith("executor-")
+        assert service["build"]["args"]["VARIANT"] == "cuda"
+        assert service["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+
+
+def test_services_are_the_stack_processes(
+    doc: dict[str, Any], specs: dict[str, ProcessSpec]
+) -> None:
+    assert (
+        list(doc["services"])
+        == list(specs)
+        == [
+            "redis",
+            "memory-manager",
+            "executor-0",
+            "executor-1",
+            "router",
+        ]
+    )
+
+
+def test_every_service_runs_the_stack_argv_and_env(
+    doc: dict[str, Any], specs: dict[str, ProcessSpec]
+) -> None:
+    for name, spec in specs.items():
+        service = doc["services"][name]
+        argv = [*service.get("entrypoint", []), *service["command"]]
+        assert argv == spec.argv, name
+        assert service.get("environment", {}) == spec.env, name
+        if name != "redis":
+            target = spec.argv[2].removeprefix("services.").replace("_", "-")
+            assert service["build"]["target"] == target
+            assert service["image"] == f"quire-{target}:cpu"
+
+
+def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
+    """The only differences from `make up`: bind 0.0.0.0, reach peers by service name."""
+    c = CONTAINER_CONFIG
+    local = {p.name: p.argv for p in stack_processes(LOCAL)}
+    container = {p.name: p.argv for p in stack_processes(c)}
+    mapping = {
+        LOCAL.python: "python",
+        LOCAL.model: "/models/quire-tiny",
+        "redis://127.0.0.1:6379/0": "redis://redis:6379/0",
+        "127.0.0.1:50051": "memory-manager:50051",
+    }
+    assert c.host == "0.0.0.0" and c.address_by_name and c.model == "/models/quire-tiny"
+    for name, argv in local.items():
+        expected = []
+        for i, arg in enumerate(argv):
+            if i > 0 and argv[i - 1] in ("--host", "--bind"):
+                expected.append("0.0.0.0")
+            else:
+                expected.append(mapping.get(arg, arg))
+        if name.startswith("executor-"):
+            port = argv[argv.index("--port") + 1]
+            expected += ["--advertise-address", f"{name}:{port}"]
+        assert container[name] == expected, name
+    # Nothing in the container argv points at the loopback any more.
+    assert not any("127.0.0.1" in arg for argv in container.values() for arg in argv)
+
+
+def test_local_defaults_reach_everything_on_the_loopback() -> None:
+    default = StackConfig()
+    assert default.host == "127.0.0.1" and not default.address_by_name
+    assert default.redis_url == "redis://127.0.0.1:6379/0"
+    for p in stack_processes(default):
+        assert "--advertise-address" not in p.argv
+
+
+def test_python_services_accept_every_flag(specs: dict[str, ProcessSpec]) -> None:
+    for name, spec in specs.items():
+        if name == "redis":
+            continue
+        settings = service_flags.parse(spec.argv[2], spec.argv[3:], spec.env)
+        assert settings.host == "0.0.0.0"
+        assert settings.redis_url == "redis://redis:6379/0"
+        if name.startswith("executor-"):
+            assert settings.memory_manager == "memory-manager:50051"
+            assert settings.resolved_advertise_address(settings.port) == f"{name}:{settings.port}"
+            assert settings.executor_id == name
+
+
+def test_only_the_router_publishes_a_port(doc: dict[str, Any]) -> None:
+    published = {name: s["ports"] for name, s in doc["services"].items() if "ports" in s}
+    assert published == {
+        "router": [{"target": 8000, "published": "8000", "host_ip": "127.0.0.1", "protocol": "tcp"}]
+    }
+    assert not any("expose" in s for s in doc["services"].values())
+
+
+def test_dependencies_wait_for_healthy_services(
+    doc: dict[str, Any], specs: dict[str, ProcessSpec]
+) -> None:
+    names = list(doc["services"])
+    for name, service in doc["services"].items():
+        assert "healthcheck" in service, name
+        depends_on = service.get("depends_on", {})
+        assert list(depends_on) == list(specs[name].depends_on)
+        for dep, condition in depends_on.items():
+            assert condition == {"condition": "service_healthy"}
+            assert names.index(dep) < names.index(name), f"{name} depends on later {dep}"
+    assert set(doc["services"]["router"]["depends_on"]) == {"redis", "executor-0", "executor-1"}
+
+
+def test_healthchecks_probe_each_service_on_its_own_port(doc: dict[str, Any]) -> None:
+    c = CONTAINER_CONFIG
+    tests = {name: s["healthcheck"]["test"] for name, s in doc["services"].items()}
+    check = ["CMD", "python", "-m", "services.healthcheck"]
+    assert tests["redis"] == ["CMD", "redis-cli", "-p", str(c.redis_port), "ping"]
+    assert tests["memory-manager"] == [*check, "grpc", f"127.0.0.1:{c.memory_manager_port}"]
+    assert tests["executor-1"] == [*check, "grpc", f"127.0.0.1:{c.executor_base_port + 1}"]
+    assert tests["router"] == [*check, "http", f"http://127.0.0.1:{c.router_port}/health"]
+
+
+def test_models_are_a_mounted_volume(doc: dict[str, Any]) -> None:
+    mount = {"type": "volume", "source": "models", "target": "/models"}
+    for name in ("executor-0", "executor-1", "router"):
+        assert doc["services"][name]["volumes"] == [mount]
+    assert "volumes" not in doc["services"]["memory-manager"]
+    assert doc["volumes"] == {"models": {}}
+
+
+def test_fragments_add_services_but_cannot_replace_stack_ones(tmp_path: Path) -> None:
+    (tmp_path / "monitoring.yaml").write_text(
+        "services:\n  prometheus:\n    image: prom/prometheus\nvolumes:\n  prometheus-data: {}\n"
+    )
+    doc = compose.compose_document(fragments_dir=tmp_path)
+    assert list(doc["services"])[-1] == "prometheus"
+    assert doc["volumes"] == {"models": {}, "prometheus-data": {}}
+    jsonschema.Draft7Validator(SCHEMA).validate(doc)
+    (tmp_path / "zz-clash.yaml").write_text("services:\n  router:\n    image: other\n")
+    with pytest.raises(ValueError, match="services.router is already defined"):
+        compose.compose_document(fragments_dir=tmp_path)

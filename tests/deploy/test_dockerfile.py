@@ -1,0 +1,112 @@
+"""The Dockerfile, read statically (no Docker engine offline): targets, entrypoints, variants."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from services.stack.spec import CONTAINER_CONFIG
+
+REPO = Path(__file__).resolve().parents[2]
+TARGETS = {
+    "router": "services.router",
+    "executor": "services.executor",
+    "memory-manager": "services.memory_manager",
+}
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = (REPO / "Dockerfile").read_text()
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    out = []
+    for line in joined.splitlines():
+        if line.strip():
+            keyword, _, rest = line.strip().partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """Instructions of each named stage."""
+    result: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for keyword, rest in instructions():
+        if keyword == "FROM":
+            current = []
+            result[rest.split()[-1]] = current
+        current.append((keyword, rest))
+    return result
+
+
+def only(stage: list[tuple[str, str]], keyword: str) -> str:
+    (value,) = [rest for k, rest in stage if k == keyword]
+    return value
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_each_service_target_runs_its_module_like_compose(target: str) -> None:
+    stage = stages()[target]
+    assert stage[0] == ("FROM", f"runtime AS {target}")
+    entrypoint = json.loads(only(stage, "ENTRYPOINT"))
+    assert entrypoint == ["python", "-m", TARGETS[target]]
+    compose = yaml.safe_load((REPO / "compose.yaml").read_text())["services"]
+    for service in compose.values():
+        if service.get("build", {}).get("target") == target:
+            assert service["entrypoint"] == entrypoint
+
+
+def test_healthchecks_use_the_default_ports() -> None:
+    c = CONTAINER_CONFIG
+    expected = {
+        "router": ["http", f"http://127.0.0.1:{c.router_port}/health"],
+        "executor": ["grpc", f"127.0.0.1:{c.executor_base_port}"],
+        "memory-manager": ["grpc", f"127.0.0.1:{c.memory_manager_port}"],
+    }
+    for target, check in expected.items():
+        healthcheck = only(stages()[target], "HEALTHCHECK")
+        cmd = json.loads(healthcheck[healthcheck.index("CMD") + 3 :].strip())
+        assert cmd == ["python", "-m", "services.healthcheck", *check]
+
+
+def test_variants_pick_the_torch_build_and_default_to_cpu() -> None:
+    keywords = instructions()
+    assert ("ARG", "VARIANT=cpu") in keywords
+    all_stages = stages()
+    assert "download.pytorch.org/whl/cpu" in only(all_stages["python-cpu"], "ENV")
+    assert "gcc" in only(all_stages["python-cuda"], "RUN")  # Triton's launcher build
+    for name in ("build", "runtime"):
+        assert all_stages[name][0][1].startswith("python-${VARIANT} AS")
+
+
+def test_runtime_is_non_root_with_stubs_and_model_built_in() -> None:
+    all_stages = stages()
+    assert only(all_stages["runtime"], "USER") == "10001:10001"
+    build = re.sub(r"\s+", " ", " ".join(rest for k, rest in all_stages["build"] if k == "RUN"))
+    # The same codegen as `make proto`.
+    makefile = (REPO / "Makefile").read_text()
+    flags = "-Iprotos --python_out=libs --grpc_python_out=libs --pyi_out=libs"
+    assert flags in makefile.replace("\t", "")
+    assert f"grpc_tools.protoc {flags} protos/quire/rpc/*.proto" in build
+    assert "quire.tools.make_model --preset tiny --out /models/quire-tiny" in build
+    assert CONTAINER_CONFIG.model == "/models/quire-tiny"
+
+
+def test_dockerignore_sends_only_what_the_build_copies() -> None:
+    rules = [
+        line
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert rules[0] == "*"
+    allowed = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    copied = set()
+    for keyword, rest in instructions():
+        if keyword == "COPY" and "--from" not in rest:
+            copied.update(rest.split()[:-1])
+    assert copied == allowed
