@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from quire.kernels import checks
 
@@ -107,25 +108,32 @@ def paged_decode_attention(
     num_kv_heads = shape.cache.num_kv_heads
     group = shape.query_group_size
 
-    # Gather every sequence up to the longest context; positions past a sequence's context
-    # read its first token instead of unused slots (which may hold anything, NaN included:
-    # 0 * NaN is NaN) and are masked out of the softmax.
-    positions = torch.arange(int(context_lens.max()), device=query.device)
-    # is_valid, positions: [num_seqs, max_context_len]
-    is_valid = positions[None, :] < context_lens[:, None]
-    positions = torch.where(is_valid, positions, 0)
-    keys, values = _gather_positions(key_cache, value_cache, block_tables, positions)
-
-    # q: [num_seqs, num_kv_heads, group, head_dim]: the query heads that share a kv head.
+    # Gather whole blocks up to the longest context: key_cache[block_ids] is one contiguous
+    # copy per block, far cheaper than a per-position gather. Blocks past a sequence's end
+    # read its first block (always valid); slots past its context (the tail of its last
+    # block and those stand-in blocks) are zeroed, because unused slots may hold anything,
+    # NaN included, and 0 * NaN is NaN even under a -inf mask.
+    block_size = shape.cache.block_size
+    num_blocks_used = -(-int(context_lens.max()) // block_size)
+    max_len = num_blocks_used * block_size
+    block_ids = block_tables[:, :num_blocks_used].long()
+    block_idx = torch.arange(num_blocks_used, device=query.device)
+    seq_blocks = (context_lens.long() + block_size - 1) // block_size
+    block_ids = torch.where(block_idx[None, :] < seq_blocks[:, None], block_ids, block_ids[:, :1])
+    # is_valid: [num_seqs, max_len]
+    is_valid = torch.arange(max_len, device=query.device)[None, :] < context_lens[:, None]
+    # keys, values: [num_seqs, num_kv_heads, max_len, head_dim] (strided views, no copy)
+    keys = key_cache[block_ids].reshape(num_seqs, max_len, num_kv_heads, head_dim)
+    values = value_cache[block_ids].reshape(num_seqs, max_len, num_kv_heads, head_dim)
+    keep = is_valid[:, :, None, None]
+    keys = torch.where(keep, keys, 0).float().transpose(1, 2)
+    values = torch.where(keep, values, 0).float().transpose(1, 2)
+    # q: [num_seqs, num_kv_heads, group, head_dim]: the query heads that share a kv head
+    # attend to the same keys, so each kv head is one batched SDPA call over its group.
     q = query.float().reshape(num_seqs, num_kv_heads, group, head_dim)
-    out = torch.empty(q.shape, dtype=torch.float32, device=query.device)
-    # One batched matmul per kv head: slicing a head out of keys is a strided view that
-    # BLAS reads in place, where batching over heads too would copy keys and values.
-    for kv_head in range(num_kv_heads):
-        # scores: [num_seqs, group, max_context_len]
-        scores = torch.matmul(q[:, kv_head], keys[:, :, kv_head].transpose(1, 2)) * scale
-        scores.masked_fill_(~is_valid[:, None, :], float("-inf"))
-        out[:, kv_head] = torch.matmul(torch.softmax(scores, dim=-1), values[:, :, kv_head])
+    out = F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=is_valid[:, None, None, :], scale=scale
+    )
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 

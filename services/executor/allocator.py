@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import structlog
 
-from quire.block.allocator import BlockAllocator
+from quire.block.allocator import BlockAllocator, StepAllocation
 from quire.block.restore import LiveSequenceState
 from quire.cluster.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
 from services.executor.settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
@@ -15,6 +15,7 @@ from services.executor.settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
 log = structlog.get_logger("quire.executor.allocator")
 
 LiveSequences = Callable[[], list[LiveSequenceState]]
+StepMetadata = Callable[[StepAllocation], tuple[tuple[str, str], ...]]
 
 
 def allocator_factory(
@@ -23,11 +24,13 @@ def allocator_factory(
     epoch: int,
     address: str,
     live_sequences: LiveSequences,
+    step_metadata: StepMetadata | None = None,
 ) -> Callable[[int], BlockAllocator] | None:
     """A factory the engine calls once it has sized the pool; None for the in-process one.
 
     `live_sequences` is only called by the remote allocator when it re-registers (its
     memory manager lost state); it runs on the engine thread, inside a step.
+    `step_metadata` gives the gRPC metadata of each Step call (the request ids it touches).
     """
     if settings.memory_manager == LOCAL_MEMORY_MANAGER:
         return None
@@ -43,6 +46,7 @@ def allocator_factory(
             address=address,
             live_sequences=live_sequences,
             timeout_s=settings.memory_manager_timeout_s,
+            step_metadata=step_metadata,
         )
 
     return make

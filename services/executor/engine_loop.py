@@ -20,8 +20,10 @@ from typing import TypeAlias, TypeVar
 import structlog
 
 from quire.engine.llm_engine import LLMEngine
+from quire.engine.sequence import SeqStatus
 from quire.outputs import RequestOutput
 from quire.sampling_params import SamplingParams
+from services.executor.logs import RequestIds
 from services.executor.metrics import EngineSnapshot, ExecutorMetrics
 
 log = structlog.get_logger("quire.executor.engine_loop")
@@ -55,6 +57,7 @@ class DuplicateRequestError(Exception):
 class _Timing:
     arrived_at: float  # monotonic time the add was submitted
     first_token_at: float | None = None
+    last_token_at: float | None = None
 
 
 class EngineLoop:
@@ -66,11 +69,14 @@ class EngineLoop:
         metrics: ExecutorMetrics | None = None,
         snapshot_interval_s: float = 0.1,
         on_step_error: Callable[[Exception], None] | None = None,
+        request_ids: RequestIds | None = None,
     ) -> None:
         """`on_step_error` is called on the loop thread after a failed step has dropped
-        every request (the server decides whether the error is fatal)."""
+        every request (the server decides whether the error is fatal). `request_ids` maps
+        engine request ids to the callers' request ids for the memory manager's logs."""
         self.engine = engine
         self.metrics = metrics
+        self.request_ids = request_ids or RequestIds()
         self.on_step_error = on_step_error
         self.snapshot_interval_s = snapshot_interval_s
         self.snapshot = EngineSnapshot()  # latest load figures; replaced, never mutated
@@ -81,6 +87,7 @@ class EngineLoop:
         # Owned by the loop thread only:
         self._sinks: dict[str, Sink] = {}
         self._timings: dict[str, _Timing] = {}
+        self._unscheduled: dict[str, float] = {}  # request id -> arrival, in FCFS order
         self._snapshot_at = 0.0
 
     # --- any thread ------------------------------------------------------------------------
@@ -109,13 +116,18 @@ class EngineLoop:
         return future
 
     def add(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, sink: Sink
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        sink: Sink,
+        trace_id: str | None = None,
     ) -> Future[None]:
         """Queue a request. The Future raises ValueError (invalid, nothing queued) or
-        DuplicateRequestError."""
+        DuplicateRequestError. `trace_id` is the caller's request id (x-request-id)."""
         arrived_at = time.monotonic()
         return self.submit(
-            lambda: self._add(request_id, prompt_token_ids, params, sink, arrived_at)
+            lambda: self._add(request_id, prompt_token_ids, params, sink, arrived_at, trace_id)
         )
 
     def abort(self, request_id: str) -> Future[bool]:
@@ -170,24 +182,33 @@ class EngineLoop:
         params: SamplingParams,
         sink: Sink,
         arrived_at: float,
+        trace_id: str | None = None,
     ) -> None:
         if request_id in self._sinks:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
         self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
         self._sinks[request_id] = sink
         self._timings[request_id] = _Timing(arrived_at)
+        self._unscheduled[request_id] = arrived_at
+        self.request_ids.bind(request_id, trace_id or request_id)
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(prompt_token_ids))
 
     def _abort(self, request_id: str) -> bool:
         found = self.engine.abort_request(request_id)
         sink = self._sinks.pop(request_id, None)
-        self._timings.pop(request_id, None)
+        self._forget(request_id)
         if sink is not None:
             sink(ABORTED)
         return found
 
+    def _forget(self, request_id: str) -> None:
+        self._timings.pop(request_id, None)
+        self._unscheduled.pop(request_id, None)
+        self.request_ids.release(request_id)
+
     def _step(self) -> None:
+        started = time.monotonic()
         try:
             outputs = self.engine.step()
         except Exception as exc:
@@ -196,25 +217,50 @@ class EngineLoop:
             if self.on_step_error is not None:
                 self.on_step_error(exc)
             return
+        finally:
+            self.request_ids.step_done()
         now = time.monotonic()
+        self._observe_scheduled(started)
         for output in outputs:
             self._observe(output, now)
             sink = self._sinks.get(output.request_id)
             if output.finished:
                 self._sinks.pop(output.request_id, None)
+                self.request_ids.release(output.request_id)
             if sink is not None:
                 sink(output)
+
+    def _observe_scheduled(self, started: float) -> None:
+        """Queue time of the requests this step scheduled for the first time.
+
+        Admission is FCFS, so the first request still waiting ends the scan.
+        """
+        requests = self.engine.requests
+        while self._unscheduled:
+            request_id, arrived_at = next(iter(self._unscheduled.items()))
+            request = requests.get(request_id)
+            if request is not None and request.seqs[0].status is SeqStatus.WAITING:
+                return
+            # Gone from the engine: it finished within the step that scheduled it.
+            del self._unscheduled[request_id]
+            if self.metrics is not None:
+                self.metrics.request_queue_time.observe(max(0.0, started - arrived_at))
 
     def _observe(self, output: RequestOutput, now: float) -> None:
         timing = self._timings.get(output.request_id)
         if timing is None:
             return
-        if timing.first_token_at is None and any(o.token_ids for o in output.outputs):
-            timing.first_token_at = now
-            if self.metrics is not None:
-                self.metrics.time_to_first_token.observe(now - timing.arrived_at)
+        if any(o.token_ids for o in output.outputs):
+            if timing.first_token_at is None:
+                timing.first_token_at = now
+                if self.metrics is not None:
+                    self.metrics.time_to_first_token.observe(now - timing.arrived_at)
+            elif timing.last_token_at is not None and self.metrics is not None:
+                self.metrics.inter_token_latency.observe(now - timing.last_token_at)
+            timing.last_token_at = now
         if output.finished:
             del self._timings[output.request_id]
+            self._unscheduled.pop(output.request_id, None)
             if self.metrics is not None:
                 self.metrics.e2e_request_latency.observe(now - timing.arrived_at)
 
@@ -224,7 +270,7 @@ class EngineLoop:
                 self.engine.abort_request(request_id)
             except Exception:
                 log.exception("abort after a failed step also failed", request_id=request_id)
-            self._timings.pop(request_id, None)
+            self._forget(request_id)
             self._sinks.pop(request_id)(EngineFailure(message))
 
     def _refresh_snapshot(self) -> EngineSnapshot:
@@ -242,6 +288,8 @@ class EngineLoop:
             kv_blocks_cached=stats.allocator.num_blocks_cached,
             num_preemptions=stats.num_preemptions,
             num_generated_tokens=stats.num_generated_tokens,
+            prefix_cache_queries=stats.allocator.prefix_cache_queries,
+            prefix_cache_hits=stats.allocator.prefix_cache_hits,
         )
         self.snapshot = snapshot
         if self.metrics is not None:

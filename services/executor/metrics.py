@@ -2,6 +2,22 @@
 
 Each executor owns its registry (so several can live in one test process); the engine
 loop thread updates it, prometheus_client's HTTP server thread reads it.
+
+Exposed series (every one labelled `model_name`; counters get prometheus_client's
+`_total` suffix, histograms `_bucket`/`_sum`/`_count`, as vLLM's `vllm:*` do):
+
+    quire:num_requests_running             gauge      sequences running
+    quire:num_requests_waiting             gauge      sequences waiting to be scheduled
+    quire:kv_cache_usage_perc              gauge      0..1, blocks in use / all blocks
+    quire:prefix_cache_queries_total       counter    prompt tokens looked up at admission
+    quire:prefix_cache_hits_total          counter    of those, tokens found cached
+    quire:num_preemptions_total            counter
+    quire:prompt_tokens_total              counter    prompt tokens of admitted requests
+    quire:generation_tokens_total          counter
+    quire:time_to_first_token_seconds      histogram  request added -> first token
+    quire:inter_token_latency_seconds      histogram  between a request's token steps
+    quire:e2e_request_latency_seconds      histogram  request added -> finished
+    quire:request_queue_time_seconds       histogram  request added -> first scheduled
 """
 
 from __future__ import annotations
@@ -11,10 +27,14 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-# vLLM's buckets for request latencies (seconds).
+# vLLM's buckets (seconds).
 _TTFT_BUCKETS: tuple[float, ...] = (
     *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0),
     *(2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+)
+_ITL_BUCKETS: tuple[float, ...] = (
+    *(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0),
+    *(2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0),
 )
 _E2E_BUCKETS: tuple[float, ...] = (
     *(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0),
@@ -33,6 +53,8 @@ class EngineSnapshot:
     kv_blocks_cached: int = 0
     num_preemptions: int = 0  # since start
     num_generated_tokens: int = 0  # since start
+    prefix_cache_queries: int = 0  # prompt tokens looked up, since the pool was created
+    prefix_cache_hits: int = 0  # of those, found cached
 
     @property
     def kv_cache_usage(self) -> float:
@@ -65,26 +87,53 @@ class ExecutorMetrics:
         self.kv_cache_usage_perc = gauge(
             "quire:kv_cache_usage_perc", "KV-cache usage: 1 means every block is in use."
         )
+        self.prefix_cache_queries = counter(
+            "quire:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        self.prefix_cache_hits = counter(
+            "quire:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+        )
         self.num_preemptions = counter("quire:num_preemptions", "Cumulative preemptions.")
         self.prompt_tokens = counter("quire:prompt_tokens", "Prompt tokens admitted.")
         self.generation_tokens = counter("quire:generation_tokens", "Tokens generated.")
         self.time_to_first_token = histogram(
             "quire:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS
         )
+        self.inter_token_latency = histogram(
+            "quire:inter_token_latency_seconds", "Time between a request's tokens.", _ITL_BUCKETS
+        )
         self.e2e_request_latency = histogram(
             "quire:e2e_request_latency_seconds", "End-to-end request latency.", _E2E_BUCKETS
         )
-        self._last = EngineSnapshot()
+        self.request_queue_time = histogram(
+            "quire:request_queue_time_seconds",
+            "Time a request waited before it was first scheduled.",
+            _E2E_BUCKETS,
+        )
+        self._last: EngineSnapshot | None = None
 
     def observe_snapshot(self, snapshot: EngineSnapshot) -> None:
-        """Set the gauges and advance the counters the engine keeps as totals."""
+        """Set the gauges and advance the counters the engine and allocator keep as totals.
+
+        The first snapshot only sets the baseline of the totals (a pool that re-registered
+        with its memory manager may not start from zero).
+        """
         self.num_requests_running.set(snapshot.num_running)
         self.num_requests_waiting.set(snapshot.num_waiting)
         self.kv_cache_usage_perc.set(snapshot.kv_cache_usage)
-        self.num_preemptions.inc(max(0, snapshot.num_preemptions - self._last.num_preemptions))
-        self.generation_tokens.inc(
-            max(0, snapshot.num_generated_tokens - self._last.num_generated_tokens)
+        last = self._last or EngineSnapshot(
+            prefix_cache_queries=snapshot.prefix_cache_queries,
+            prefix_cache_hits=snapshot.prefix_cache_hits,
         )
+        # max(0, ...): totals can go back when the memory manager restarts and forgets them.
+        self.num_preemptions.inc(max(0, snapshot.num_preemptions - last.num_preemptions))
+        self.generation_tokens.inc(
+            max(0, snapshot.num_generated_tokens - last.num_generated_tokens)
+        )
+        self.prefix_cache_queries.inc(
+            max(0, snapshot.prefix_cache_queries - last.prefix_cache_queries)
+        )
+        self.prefix_cache_hits.inc(max(0, snapshot.prefix_cache_hits - last.prefix_cache_hits))
         self._last = snapshot
 
     def serve(self, host: str, port: int) -> Any:

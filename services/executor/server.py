@@ -23,7 +23,7 @@ from quire.rpc import executor_pb2, executor_pb2_grpc
 from services.executor import allocator as alloc
 from services.executor.engine_loop import EngineLoop
 from services.executor.liveness import LivenessPublisher
-from services.executor.logs import bind_global
+from services.executor.logs import RequestIds, bind_global
 from services.executor.metrics import ExecutorMetrics
 from services.executor.servicer import ExecutorIdentity, ExecutorServicer
 from services.executor.settings import ExecutorSettings
@@ -54,6 +54,7 @@ class ExecutorServer:
         self.servicer: ExecutorServicer | None = None
         self.liveness: LivenessPublisher | None = None
         self.metrics: ExecutorMetrics | None = None
+        self.request_ids = RequestIds()  # engine thread only: request ids for Step metadata
         self._metrics_server: Any = None
         self.stopping = False  # a stop was requested: start-up gives up, serving drains
         self.exit_code = 0
@@ -86,9 +87,11 @@ class ExecutorServer:
         def on_step_error(exc: Exception) -> None:  # on the engine thread
             event_loop.call_soon_threadsafe(self._on_step_error, exc)
 
-        self.loop = EngineLoop(engine, self.metrics, on_step_error=on_step_error)
+        self.loop = EngineLoop(
+            engine, self.metrics, on_step_error=on_step_error, request_ids=self.request_ids
+        )
         self.loop.start()
-        self.servicer = ExecutorServicer(self.loop, identity)
+        self.servicer = ExecutorServicer(self.loop, identity, log_prompts=s.log_prompts)
         executor_pb2_grpc.add_ExecutorServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -102,6 +105,7 @@ class ExecutorServer:
             "executor serving",
             address=identity.address,
             port=self.port,
+            metrics_port=s.metrics_port or None,
             model=identity.model,
             num_kv_blocks=engine.allocator.num_blocks,
             memory_manager=s.memory_manager,
@@ -129,6 +133,7 @@ class ExecutorServer:
             identity.epoch,
             identity.address,
             lambda: holder[0].live_sequences() if holder else [],
+            step_metadata=self.request_ids.step_metadata,
         )
         engine = LLMEngine(config, allocator_factory=factory)
         holder.append(engine)

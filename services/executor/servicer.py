@@ -7,6 +7,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import structlog
@@ -22,6 +23,7 @@ from services.executor.engine_loop import (
     EngineLoop,
     SinkEvent,
 )
+from services.executor.logs import safe_request_id
 
 log = structlog.get_logger("quire.executor.servicer")
 
@@ -39,9 +41,12 @@ class ExecutorIdentity:
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     """Generate / Abort / GetStatus. Refuses new work once `draining` is set."""
 
-    def __init__(self, loop: EngineLoop, identity: ExecutorIdentity) -> None:
+    def __init__(
+        self, loop: EngineLoop, identity: ExecutorIdentity, log_prompts: bool = False
+    ) -> None:
         self.loop = loop
         self.identity = identity
+        self.log_prompts = log_prompts  # log prompt and output token ids (and output text)
         self.draining = False
         self.num_active_streams = 0
         self._streams_done = asyncio.Event()
@@ -62,6 +67,15 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         request_id = request.request_id or f"exec-{uuid.uuid4().hex}"
         prompt_token_ids = list(request.prompt_token_ids)
+        # The caller's request id (the router's x-request-id) names the request in the logs
+        # here and at the memory manager; the engine keeps the unique Generate request_id.
+        metadata = dict(context.invocation_metadata() or ())
+        trace_id = (
+            safe_request_id(metadata.get("x-request-id"))
+            or safe_request_id(request_id)
+            or uuid.uuid4().hex
+        )
+        rlog = log.bind(request_id=trace_id, engine_request_id=request_id)
         events: asyncio.Queue[SinkEvent] = asyncio.Queue()
         event_loop = asyncio.get_running_loop()
 
@@ -73,7 +87,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._open_stream()
         submitted = finished = False
         try:
-            future = self.loop.add(request_id, prompt_token_ids, params, sink)
+            future = self.loop.add(request_id, prompt_token_ids, params, sink, trace_id)
             submitted = True
             try:
                 await asyncio.wrap_future(future)
@@ -83,8 +97,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             except ValueError as exc:
                 submitted = False
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            log.info(
-                "request added", request_id=request_id, num_prompt_tokens=len(prompt_token_ids)
+            rlog.info(
+                "request added",
+                num_prompt_tokens=len(prompt_token_ids),
+                **({"prompt_token_ids": prompt_token_ids} if self.log_prompts else {}),
             )
             tracker = DeltaTracker(params)
             while not finished:
@@ -94,21 +110,32 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     await context.abort(grpc.StatusCode.INTERNAL, event.message)
                 if isinstance(event, Aborted):
                     finished = True
-                    log.info("request aborted", request_id=request_id)
+                    rlog.info("request aborted")
                     yield tracker.aborted(len(prompt_token_ids))
                     return
                 assert isinstance(event, RequestOutput)
                 response = tracker.response(event)
                 finished = event.finished
+                if finished:
+                    # Before the last yield: the caller may cancel the call once it has it.
+                    self._log_finished(rlog, event)
                 if response is not None:
                     yield response
-            log.info("request finished", request_id=request_id)
         finally:
             if submitted and not finished:
                 # The client went away (or the stream failed): free the request's blocks.
-                log.info("stream closed early; aborting", request_id=request_id)
+                rlog.info("stream closed early; aborting")
                 self._abort_quietly(request_id)
             self._close_stream()
+
+    def _log_finished(self, rlog: Any, output: RequestOutput) -> None:
+        rlog.info(
+            "request finished",
+            num_output_tokens=sum(len(o.token_ids) for o in output.outputs),
+            finish_reasons=[o.finish_reason for o in output.outputs],
+            num_cached_tokens=output.num_cached_tokens,
+            **({"outputs": [o.text for o in output.outputs]} if self.log_prompts else {}),
+        )
 
     async def Abort(
         self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
@@ -117,7 +144,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             found = await asyncio.wrap_future(self.loop.abort(request.request_id))
         except RuntimeError:  # the loop stopped, which aborted everything
             found = False
-        log.info("abort", request_id=request.request_id, found=found)
+        log.info("abort", engine_request_id=request.request_id, found=found)
         return pb.AbortResponse(found=found)
 
     async def GetStatus(

@@ -69,6 +69,9 @@ class ExecutorSettings(BaseSettings):
         description="on SIGTERM, longest wait for running requests before aborting them",
     )
     log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_prompts: bool = Field(
+        default=False, description="log prompt and output token ids and output text"
+    )
 
     def resolved_executor_id(self, port: int) -> str:
         """The executor id, defaulting to hostname:port (the bound port when --port is 0)."""

@@ -24,10 +24,12 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     )
     for name, field in Settings.model_fields.items():
         env = f"QUIRE_{name.upper()}"
+        kind = type(field.default)
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
-            type=type(field.default),
+            # --flag / --no-flag for booleans (bool("false") would be True)
+            **({"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}),
             default=None,
             help=f"{field.description} (env {env}, default {field.default!r})",
         )

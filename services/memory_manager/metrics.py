@@ -4,6 +4,17 @@ Each manager owns a `CollectorRegistry` (several managers can share a process in
 tests). Pool gauges are refreshed from the event loop (`update_pools`) rather than
 per Step: counting cached blocks walks the hash index, which is too slow for the
 Step path on large pools.
+
+Exposed series:
+
+    quire_mm_step_seconds                  histogram  time to serve one Step call
+    quire_mm_steps_total{executor}         counter    Step calls served
+    quire_mm_rpc_errors_total{method,code} counter    RPCs answered with an error status
+    quire_mm_executors                     gauge      executors registered
+    quire_mm_blocks_total{executor}        gauge      KV blocks in the pool
+    quire_mm_blocks_used{executor}         gauge      blocks with refcount > 0
+    quire_mm_blocks_cached{executor}       gauge      free blocks still findable by hash
+    quire_mm_redis_healthy                 gauge      1 while prefix publishing succeeds
 """
 
 from __future__ import annotations
@@ -40,6 +51,12 @@ class ManagerMetrics:
             ["method", "code"],
             registry=self.registry,
         )
+        self.steps = Counter(
+            "quire_mm_steps",
+            "Step calls served, by executor.",
+            ["executor"],
+            registry=self.registry,
+        )
         self.executors = Gauge(
             "quire_mm_executors", "Executors registered with this manager.", registry=self.registry
         )
@@ -72,9 +89,9 @@ class ManagerMetrics:
 
     def forget(self, executor_id: str) -> None:
         """Drop the gauges of an executor that left."""
-        for gauge in (self.blocks_total, self.blocks_used, self.blocks_cached):
+        for metric in (self.blocks_total, self.blocks_used, self.blocks_cached, self.steps):
             with contextlib.suppress(KeyError):
-                gauge.remove(executor_id)
+                metric.remove(executor_id)
 
     def serve(self, host: str, port: int) -> int:
         """Serve /metrics over HTTP on a daemon thread; returns the bound port."""

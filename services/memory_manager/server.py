@@ -53,7 +53,9 @@ class MemoryManagerServer:
         if self.port == 0:
             raise RuntimeError(f"cannot bind {self.settings.host}:{self.settings.port}")
         manager_id = self.settings.manager_id or f"{self.settings.host}:{self.port}"
-        servicer = MemoryManagerServicer(self.pools, self.publisher, self.metrics, manager_id)
+        servicer = MemoryManagerServicer(
+            self.pools, self.publisher, self.metrics, manager_id, self.settings.log_prompts
+        )
         memory_manager_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.publisher is not None:

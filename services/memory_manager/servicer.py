@@ -35,9 +35,11 @@ from services.memory_manager.pools import (
 
 log = structlog.get_logger(__name__)
 
+MAX_LOGGED_REQUEST_IDS = 64  # of a Step's x-request-ids metadata
+
 
 class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc]
-    """Register, Step, Deregister and GetStats over the executors' block managers."""
+    """Register, Step, Deregister, GetStats and GetBlockStates over the executors' block managers."""
 
     def __init__(
         self,
@@ -45,11 +47,13 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
         publisher: PrefixPublisher | None,
         metrics: ManagerMetrics,
         manager_id: str,
+        log_prompts: bool = False,
     ) -> None:
         self.pools = pools
         self.publisher = publisher
         self.metrics = metrics
         self.manager_id = manager_id
+        self.log_prompts = log_prompts  # log admitted token ids
 
     async def Register(  # noqa: N802 (gRPC method name)
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
@@ -103,7 +107,37 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
             self.publisher.publish(pool.executor_id, pool.epoch, added, removed)
         response = result_to_proto(result)
         self.metrics.step_seconds.observe(time.perf_counter() - start)
+        self.metrics.steps.labels(pool.executor_id).inc()
+        if request.admits or request.frees or request.forks or result.preempted:
+            self._log_step(pool.executor_id, request, response, context)
         return response
+
+    def _log_step(
+        self,
+        executor_id: str,
+        request: pb.StepRequest,
+        response: pb.StepResponse,
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """One line per step that changes who holds blocks, with the executor's request ids."""
+        metadata = {key: value for key, value in context.invocation_metadata() or ()}
+        ids = metadata.get("x-request-ids", "")
+        request_ids = [i for i in ids.split(",") if i][:MAX_LOGGED_REQUEST_IDS]
+        extra = {}
+        if self.log_prompts:
+            extra["admitted_token_ids"] = {a.seq_id: list(a.token_ids) for a in request.admits}
+        log.info(
+            "step",
+            executor_id=executor_id,
+            request_ids=request_ids,
+            num_admitted=len(request.admits) - len(response.not_admitted),
+            num_not_admitted=len(response.not_admitted),
+            num_cached_tokens=sum(response.num_cached_tokens.values()),
+            num_freed=len(request.frees),
+            num_forked=len(request.forks),
+            num_preempted=len(response.preempted),
+            **extra,
+        )
 
     async def Deregister(  # noqa: N802
         self, request: pb.DeregisterRequest, context: grpc.aio.ServicerContext
@@ -134,6 +168,25 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
                 f"executor not registered: {request.executor_id!r}",
             )
         return stats_to_proto(pool.manager.stats())
+
+    async def GetBlockStates(  # noqa: N802
+        self, request: pb.GetBlockStatesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BlockStates:
+        """One state byte per block of the executor's pool, and its counters."""
+        pool = self.pools.find(request.executor_id)
+        if pool is None:
+            await self._abort(
+                context,
+                "GetBlockStates",
+                grpc.StatusCode.NOT_FOUND,
+                f"executor not registered: {request.executor_id!r}",
+            )
+        return pb.BlockStates(
+            states=pool.manager.block_states(),
+            stats=stats_to_proto(pool.manager.stats()),
+            epoch=pool.epoch,
+            block_size=pool.manager.block_size,
+        )
 
     async def _pool(
         self, executor_id: str, epoch: int, context: grpc.aio.ServicerContext, method: str

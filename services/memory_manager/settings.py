@@ -30,3 +30,4 @@ class Settings(BaseSettings):
         2.0, ge=0, description="seconds in-flight RPCs get to finish on SIGTERM"
     )
     log_level: str = Field("info", description="structlog level: debug, info, warning, error")
+    log_prompts: bool = Field(False, description="log the token ids of admitted prompts")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 import uvicorn
@@ -19,11 +20,16 @@ def parse_settings(argv: Sequence[str] | None = None) -> RouterSettings:
     )
     for name, field in RouterSettings.model_fields.items():
         default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
+        # --flag / --no-flag for booleans, like the other services
+        action: dict[str, Any] = (
+            {"action": argparse.BooleanOptionalAction} if field.annotation is bool else {}
+        )
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
             default=argparse.SUPPRESS,
             help=f"{field.description} (env QUIRE_{name.upper()}; default {default!r})",
+            **action,
         )
     overrides = vars(parser.parse_args(argv))
     return RouterSettings(**overrides)
@@ -48,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level.lower(),
+        log_config=None,  # uvicorn's loggers go through our JSON handler
         access_log=False,
         timeout_graceful_shutdown=5,
     )

@@ -21,6 +21,7 @@ from services.router.admission import Admission
 from services.router.cluster import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
+from services.router.log import current_request_id
 from services.router.metrics import RouterMetrics
 
 log = structlog.get_logger("router.dispatch")
@@ -81,6 +82,7 @@ class Dispatcher:
         request_timeout_s: float,
         max_retries: int,
         retry_after_s: int,
+        log_prompts: bool = False,
     ) -> None:
         self.directory = directory
         self.admission = admission
@@ -90,6 +92,7 @@ class Dispatcher:
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.retry_after_s = retry_after_s
+        self.log_prompts = log_prompts  # log prompt and output text of every request
 
     def too_many(self, message: str) -> ApiError:
         self.metrics.admission_rejections.labels(code="429").inc()
@@ -159,6 +162,9 @@ class Dispatcher:
         request = executor_pb2.GenerateRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, params=params
         )
+        # The HTTP request's id (x-request-id) names it in the executor's and the memory
+        # manager's logs; `request_id` (unique per executor request) is the engine's id.
+        metadata = (("x-request-id", current_request_id() or request_id),)
         tried: set[str] = set()
         for attempt in range(self.max_retries + 1):
             decision = await self.route(prompt_ids, block_hashes, tried)
@@ -168,7 +174,7 @@ class Dispatcher:
             call = self.clients.stub(decision.address).Generate(
                 request,
                 timeout=self.request_timeout_s,
-                metadata=(("x-request-id", request_id),),
+                metadata=metadata,
             )
             try:
                 first = await call.read()

@@ -13,12 +13,16 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from quire.block.hashing import hash_full_blocks
 from quire.rpc import executor_pb2
 from quire.sampling_params import SamplingParams
 from services.router.dispatch import Dispatcher, ExecutorStream
 from services.router.executor_client import params_to_proto
 from services.router.output import OutputState
+
+log = structlog.get_logger("router.generation")
 
 
 @dataclass
@@ -47,9 +51,10 @@ class Usage:
 class Generation:
     """Merged progress of a request's prompts; iterate `updates()` once, then read state."""
 
-    def __init__(self, runs: list[PromptRun], n: int) -> None:
+    def __init__(self, runs: list[PromptRun], n: int, log_outputs: bool = False) -> None:
         self.runs = runs
         self.n = n
+        self.log_outputs = log_outputs  # log every choice's text once the request ends
         self.choices: list[OutputState] = [o for run in runs for o in run.outputs]
 
     @property
@@ -88,6 +93,7 @@ class Generation:
             try:
                 async for response in self.runs[0].stream.responses():
                     yield self._apply(0, response)
+                self._log_outputs()
             finally:
                 self.close()
             return
@@ -113,6 +119,7 @@ class Generation:
                     raise item
                 else:
                     yield self._apply(index, item)
+            self._log_outputs()
         finally:
             for task in tasks:
                 task.cancel()
@@ -120,6 +127,14 @@ class Generation:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             self.close()
+
+    def _log_outputs(self) -> None:
+        if self.log_outputs:
+            log.info(
+                "outputs",
+                outputs=[c.text for c in self.choices],
+                finish_reasons=[c.finish_reason for c in self.choices],
+            )
 
     async def run_to_end(self) -> None:
         """Consume every update (non-streaming responses)."""
@@ -146,6 +161,8 @@ async def start_generation(
     """Open one executor stream per prompt (all or none) and wrap them in a Generation."""
     dispatcher.check_capacity(len(prompts))
     wire = params_to_proto(params)
+    if dispatcher.log_prompts:
+        log.info("prompts", prompts=[tokenizer.decode(ids) for ids in prompts])
 
     async def open_one(i: int, ids: list[int]) -> ExecutorStream:
         hashes = hash_full_blocks(ids, block_size, extra_key)
@@ -171,7 +188,7 @@ async def start_generation(
         )
         for s, ids in zip(streams, prompts, strict=True)
     ]
-    return Generation(runs, params.n)
+    return Generation(runs, params.n, log_outputs=dispatcher.log_prompts)
 
 
 def _close_if_opened(task: asyncio.Future[ExecutorStream]) -> None:

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from services.router.errors import install_error_handlers
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
-from services.router.routes import chat, completions, models, ops
+from services.router.routes import chat, completions, dashboard, models, ops
 from services.router.settings import RouterSettings
 from services.router.state import RouterState
 from services.router.streaming import ClientDisconnected, client_closed
@@ -31,6 +31,6 @@ def create_app(settings: RouterSettings | None = None) -> FastAPI:
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, client_closed)
-    for module in (completions, chat, models, ops):
+    for module in (completions, chat, models, ops, dashboard):
         app.include_router(module.router)
     return app

@@ -1,18 +1,39 @@
-"""Prometheus metrics of one router (its own registry, so several apps can share a process)."""
+"""Prometheus metrics of one router (its own registry, so several apps can share a process).
+
+Exposed series (counters with prometheus_client's `_total` suffix):
+
+    quire_router_requests_total{route,status}          HTTP requests
+    quire_router_request_duration_seconds{route}       histogram, arrival -> last byte sent
+    quire_router_routing_decisions_total{reason}       prefix_hit, consistent_hash, ...
+    quire_router_prompt_tokens_total                   prompt tokens sent to executors
+    quire_router_cached_prompt_tokens_total            of those, prefix-cache hits
+    quire_router_prefix_hit_ratio                      gauge, cached / prompt since start
+    quire_router_generation_tokens_total
+    quire_router_admission_rejections_total{code}      429 and 503 refusals
+    quire_router_executor_retries_total                re-routed after UNAVAILABLE
+    quire_router_time_to_first_token_seconds           histogram, arrival -> first token
+    quire_router_in_flight_requests                    gauge, executor requests open
+"""
 
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.router.log import request_id_from_header
+
 _log = structlog.get_logger("router.http")
-_QUIET_ROUTES = {"/health", "/metrics"}  # polled constantly; counted, not logged
+# Polled constantly: counted, not logged.
+_QUIET_ROUTES = {"/health", "/metrics", "/dashboard/state"}
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_DURATION_BUCKETS = (
+    *(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+    *(20.0, 30.0, 60.0, 120.0, 300.0, 600.0),
+)
 
 
 class RouterMetrics:
@@ -25,6 +46,13 @@ class RouterMetrics:
             "quire_router_requests",
             "HTTP requests by route and status",
             ["route", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "quire_router_request_duration_seconds",
+            "HTTP request duration by route, until the last byte of the response",
+            ["route"],
+            buckets=_DURATION_BUCKETS,
             registry=r,
         )
         self.routing_decisions = Counter(
@@ -91,7 +119,7 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])
-        request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        request_id = request_id_from_header(headers.get(b"x-request-id", b"").decode("latin-1"))
         scope.setdefault("state", {})["request_id"] = request_id
         scope["state"]["arrival"] = time.monotonic()
         status = 500
@@ -112,14 +140,16 @@ class RequestContextMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = _route_of(scope)
+            duration = time.monotonic() - scope["state"]["arrival"]
             self.metrics.requests.labels(route=route, status=str(status)).inc()
             if route not in _QUIET_ROUTES:
+                self.metrics.request_duration.labels(route=route).observe(duration)
                 _log.info(
                     "request",
                     method=scope.get("method"),
                     route=route,
                     status=status,
-                    duration_ms=round((time.monotonic() - scope["state"]["arrival"]) * 1000, 1),
+                    duration_ms=round(duration * 1000, 1),
                 )
             structlog.contextvars.unbind_contextvars("request_id")
 

@@ -62,7 +62,14 @@ class RouterSettings(BaseSettings):
         ge=1,
         description="load ratio to the least loaded before a prefix bonus is capped",
     )
+    memory_manager: str = Field(
+        default="127.0.0.1:50051",
+        description="memory manager host:port that /dashboard reads block states from ('' = none)",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error")
+    log_prompts: bool = Field(
+        default=False, description="log every request's prompt and output text"
+    )
 
     @field_validator("executors", mode="before")
     @classmethod

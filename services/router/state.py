@@ -66,6 +66,7 @@ class RouterState:
             request_timeout_s=settings.request_timeout_s,
             max_retries=settings.max_retries,
             retry_after_s=settings.retry_after_s,
+            log_prompts=settings.log_prompts,
         )
         return cls(
             settings=settings,

@@ -199,9 +199,11 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 str(c.max_pending_per_executor),
                 "--max-pending-total",
                 str(c.max_pending_total),
+                "--memory-manager",
+                f"{c.address('memory-manager')}:{c.memory_manager_port}",
             ],
             ready=("http", f"{c.router_url}/health"),
-            depends_on=("redis", *executors),
+            depends_on=("redis", "memory-manager", *executors),
             health=HealthCheck("http", c.router_port, "/health"),
         )
     )

@@ -146,7 +146,12 @@ def test_dependencies_wait_for_healthy_services(
         for dep, condition in depends_on.items():
             assert condition == {"condition": "service_healthy"}
             assert names.index(dep) < names.index(name), f"{name} depends on later {dep}"
-    assert set(doc["services"]["router"]["depends_on"]) == {"redis", "executor-0", "executor-1"}
+    assert set(doc["services"]["router"]["depends_on"]) == {
+        "redis",
+        "memory-manager",
+        "executor-0",
+        "executor-1",
+    }
 
 
 def test_healthchecks_probe_each_service_on_its_own_port(doc: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from quire.block.hashing import (
     hash_full_blocks,
 )
 from quire.block.manager import BlockManager, LocalBlockAllocator
-from quire.block.pool import BlockPool
+from quire.block.pool import BlockPool, BlockState
 from quire.block.restore import LiveSequenceState
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "BlockAllocator",
     "BlockManager",
     "BlockPool",
+    "BlockState",
     "CommitRequest",
     "ForkRequest",
     "LiveSequenceState",

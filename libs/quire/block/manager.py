@@ -77,6 +77,10 @@ class BlockManager:
             num_preemptions=self._num_preemptions,
         )
 
+    def block_states(self) -> bytes:
+        """One `quire.block.pool.BlockState` byte per physical block (free, used, cached, shared)."""
+        return self.pool.block_states()
+
     def indexed_hashes(self) -> list[bytes]:
         """Every block hash in the prefix index (used or cached blocks)."""
         return self.pool.indexed_hashes()

@@ -18,6 +18,16 @@ into Redis): `drain_index_events` returns the net change since its last call.
 from __future__ import annotations
 
 from collections import OrderedDict
+from enum import IntEnum
+
+
+class BlockState(IntEnum):
+    """What one physical block holds, one byte per block in `BlockPool.block_states`."""
+
+    FREE = 0  # refcount 0, nothing findable: the next allocation may take it
+    USED = 1  # refcount 1: one block table references it
+    CACHED = 2  # refcount 0 but indexed by hash: a prefix hit can take it back
+    SHARED = 3  # refcount > 1: several block tables reference it (prefix hit or fork)
 
 
 class BlockPool:
@@ -76,6 +86,21 @@ class BlockPool:
     def free_block_ids(self) -> list[int]:
         """The free queue, next block to be allocated first."""
         return list(self._free)
+
+    def block_states(self) -> bytes:
+        """One `BlockState` byte per block, block id order (a snapshot for dashboards).
+
+        A free block that holds a hash but is not the one indexed under it (a
+        duplicate) is FREE: no prefix hit can find it.
+        """
+        states = bytearray(self.num_blocks)  # all FREE
+        for block_id, refcount in enumerate(self._refcounts):
+            if refcount:
+                states[block_id] = BlockState.USED if refcount == 1 else BlockState.SHARED
+        for block_id in self._index.values():
+            if self._refcounts[block_id] == 0:
+                states[block_id] = BlockState.CACHED
+        return bytes(states)
 
     def lookup(self, block_hash: bytes) -> int | None:
         """The block indexed under `block_hash`, used or cached; None on a miss."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import grpc
@@ -123,7 +123,10 @@ class RemoteBlockAllocator:
         retry_total_s: float = 30.0,
         min_backoff_s: float = 0.05,
         max_backoff_s: float = 1.0,
+        step_metadata: Callable[[StepAllocation], Sequence[tuple[str, str]]] | None = None,
     ) -> None:
+        """`step_metadata(step)` is sent as gRPC metadata with that step's Step call (the
+        executor sends the request ids the step touches, for the manager's logs)."""
         self.target = target
         self.executor_id = executor_id
         self.epoch = epoch
@@ -136,6 +139,7 @@ class RemoteBlockAllocator:
         self.retry_total_s = retry_total_s
         self.min_backoff_s = min_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.step_metadata = step_metadata
         self.manager_id: str | None = None  # from the last successful Register
         self.num_registrations = 0
         self._lock = threading.Lock()
@@ -148,8 +152,9 @@ class RemoteBlockAllocator:
         """Apply one engine step on the manager; re-register and retry if it lost us."""
         with self._lock:
             message = step_to_proto(self.executor_id, self.epoch, request)
+            metadata = self.step_metadata(request) if self.step_metadata else None
             try:
-                response = self._stub.Step(message, timeout=self.timeout_s)
+                response = self._stub.Step(message, timeout=self.timeout_s, metadata=metadata)
             except grpc.RpcError as exc:
                 if exc.code() not in _RECOVERABLE:
                     raise _translate(exc, "Step") from exc
@@ -158,7 +163,7 @@ class RemoteBlockAllocator:
                     executor_id=self.executor_id,
                     code=exc.code().name,
                 )
-                response = self._recover_and_step(request, exc)
+                response = self._recover_and_step(request, exc, metadata)
             return result_from_proto(response)
 
     def stats(self) -> AllocatorStats:
@@ -242,7 +247,12 @@ class RemoteBlockAllocator:
         )
         return live
 
-    def _recover_and_step(self, request: StepAllocation, error: grpc.RpcError) -> pb.StepResponse:
+    def _recover_and_step(
+        self,
+        request: StepAllocation,
+        error: grpc.RpcError,
+        metadata: Sequence[tuple[str, str]] | None = None,
+    ) -> pb.StepResponse:
         deadline = time.monotonic() + self.retry_total_s
         backoff = self.min_backoff_s
         # A manager that answered NOT_FOUND is up: re-register at once.
@@ -253,7 +263,9 @@ class RemoteBlockAllocator:
                 live = self._register_once()
                 filtered = filter_step(request, {state.seq_id for state in live})
                 message = step_to_proto(self.executor_id, self.epoch, filtered)
-                response: pb.StepResponse = self._stub.Step(message, timeout=self.timeout_s)
+                response: pb.StepResponse = self._stub.Step(
+                    message, timeout=self.timeout_s, metadata=metadata
+                )
                 return response
             except grpc.RpcError as exc:
                 if exc.code() not in _RECOVERABLE:

@@ -1,0 +1,1 @@
+"""Locust load tests for a running Quire stack (see README.md)."""

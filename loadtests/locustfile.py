@@ -1,0 +1,167 @@
+"""Locust users for a running Quire router: streaming chat and completions, tenants, TTFT/ITL.
+
+    locust -f loadtests/locustfile.py --headless -u 16 -r 4 -t 60s --host http://127.0.0.1:8000
+
+(`make loadtest` runs that and writes bench/results/loadtest*). Run it from the repository
+root: the workload comes from loadtests/workload.py, configured by QUIRE_LOAD_* variables.
+
+Besides the requests themselves (response time = the whole stream, first byte to [DONE]),
+every stream reports two latency series as Locust entries of type "SSE":
+"TTFT chat" / "TTFT completion" (request sent -> first text) and "ITL chat" /
+"ITL completion" (the gap between consecutive text chunks). A request fails on a non-200
+status, an SSE error event, a missing [DONE], a broken stream, or, with ignore_eos,
+fewer tokens than max_tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import requests
+from locust import HttpUser, between, events, task
+from locust.clients import ResponseContextManager
+
+from loadtests.workload import LoadConfig, RequestPlan, plan_request, tenant_system_prompts
+
+CONFIG = LoadConfig.from_env()
+SYSTEM_PROMPTS = tenant_system_prompts(CONFIG)
+_user_numbers = itertools.count()
+
+
+@dataclass
+class StreamResult:
+    """What one SSE stream delivered."""
+
+    ttft_ms: float | None = None
+    gaps_ms: list[float] = field(default_factory=list)
+    completion_tokens: int | None = None
+    num_bytes: int = 0
+    error: str | None = None
+
+
+def read_stream(resp: ResponseContextManager, sent: float, kind: str) -> StreamResult:
+    """Consume the SSE body, timing every chunk that carries text."""
+    result = StreamResult()
+    last: float | None = None
+    done = False
+    try:
+        for raw in resp.iter_lines():
+            now = time.perf_counter()
+            result.num_bytes += len(raw) + 1
+            line = raw.decode("utf-8", errors="replace")
+            if not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                result.error = f"SSE error: {chunk['error'].get('message', chunk['error'])}"
+                return result
+            if chunk.get("usage"):
+                result.completion_tokens = chunk["usage"].get("completion_tokens")
+            if not _has_text(chunk, kind):
+                continue
+            if last is None:
+                result.ttft_ms = (now - sent) * 1000
+            else:
+                result.gaps_ms.append((now - last) * 1000)
+            last = now
+    except (requests.RequestException, ValueError) as exc:
+        result.error = f"broken stream: {exc!r}"
+        return result
+    if not done:
+        result.error = "stream ended without [DONE]"
+    return result
+
+
+def _has_text(chunk: dict[str, Any], kind: str) -> bool:
+    for choice in chunk.get("choices") or ():
+        text = choice.get("delta", {}).get("content") if kind == "chat" else choice.get("text")
+        if text:
+            return True
+    return False
+
+
+def report(name: str, response_time_ms: float, length: int = 0) -> None:
+    """One sample of a latency series, as a Locust entry of type SSE."""
+    events.request.fire(
+        request_type="SSE",
+        name=name,
+        response_time=response_time_ms,
+        response_length=length,
+        exception=None,
+        context={},
+    )
+
+
+class StreamingUser(HttpUser):
+    """A client of one tenant, sending streaming chat and completion requests."""
+
+    wait_time = between(0, CONFIG.think_s)
+    # Learned from GET /v1/models by the first user that needs them.
+    model: ClassVar[str | None] = CONFIG.model or None
+    max_model_len: ClassVar[int] = 0
+
+    def on_start(self) -> None:
+        number = next(_user_numbers)
+        self.rng = random.Random(f"{time.time_ns()}-{number}")
+        self.system = SYSTEM_PROMPTS[self.rng.randrange(len(SYSTEM_PROMPTS))]
+        if StreamingUser.model is None or not StreamingUser.max_model_len:
+            self._learn_model()
+
+    def _learn_model(self) -> None:
+        resp = self.client.get("/v1/models", name="/v1/models")
+        if resp.status_code != 200:
+            return  # the requests below fail and say why
+        card = resp.json()["data"][0]
+        StreamingUser.model = StreamingUser.model or card["id"]
+        StreamingUser.max_model_len = int(card.get("max_model_len") or 2048)
+
+    @task(CONFIG.chat_weight)
+    def chat(self) -> None:
+        plan = self._plan()
+        self._stream("/v1/chat/completions", plan.chat_body(CONFIG, self.model or ""), plan, "chat")
+
+    @task(CONFIG.completion_weight)
+    def completion(self) -> None:
+        plan = self._plan()
+        body = plan.completion_body(CONFIG, self.model or "")
+        self._stream("/v1/completions", body, plan, "completion")
+
+    def _plan(self) -> RequestPlan:
+        return plan_request(CONFIG, self.system, self.rng, self.max_model_len or 2048)
+
+    def _stream(self, path: str, body: dict[str, Any], plan: RequestPlan, kind: str) -> None:
+        sent = time.perf_counter()
+        with self.client.post(
+            path, json=body, stream=True, catch_response=True, timeout=CONFIG.timeout_s
+        ) as resp:
+            if resp.status_code != 200:
+                detail = repr(resp.error) if resp.status_code == 0 else resp.text[:300]
+                resp.failure(f"HTTP {resp.status_code}: {detail}")
+                return
+            result = read_stream(resp, sent, kind)
+            # The entry's response time is the whole stream, not just the headers.
+            resp.request_meta["response_time"] = (time.perf_counter() - sent) * 1000
+            resp.request_meta["response_length"] = result.num_bytes
+            short = CONFIG.ignore_eos and result.completion_tokens != plan.max_tokens
+            if result.error is None and short:
+                result.error = (
+                    f"{result.completion_tokens} tokens generated, "
+                    f"{plan.max_tokens} asked with ignore_eos"
+                )
+            if result.error is not None:
+                resp.failure(result.error)
+                return
+            resp.success()
+        if result.ttft_ms is not None:
+            report(f"TTFT {kind}", result.ttft_ms)
+        for gap in result.gaps_ms:
+            report(f"ITL {kind}", gap)

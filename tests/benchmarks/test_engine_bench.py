@@ -1,0 +1,90 @@
+"""Smoke test of the offline engine benchmark: `--quick` runs end to end and writes sane JSON."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import engine as bench
+from quire import LLM
+from quire.tools.make_model import make_checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "models" / "quire-tiny"
+
+THROUGHPUT_KEYS = ("quire_tok_s", "hf_static_tok_s", "hf_continuous_tok_s")
+RATIO_KEYS = ("ratio_vs_hf_static", "ratio_vs_hf_continuous", "concurrency_ratio")
+UTILIZATION_KEYS = (
+    "kv_utilization",
+    "contiguous_kv_utilization",
+    "contiguous_kv_utilization_full_context",
+    "matmul_fraction",
+)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    if not (TINY / "config.json").is_file():
+        make_checkpoint(TINY, "tiny")
+    out = tmp_path_factory.mktemp("bench")
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.engine", "--quick", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "quire / hf static" in proc.stdout, proc.stdout
+    assert (out / "engine.png").stat().st_size > 0
+    return json.loads((out / "engine.json").read_text())
+
+
+def test_top_level_sections(results: dict) -> None:
+    assert set(results) >= {"workloads", "machine", "config", "definitions"}
+    assert set(results["workloads"]) == {"sharegpt", "alpaca"}
+    assert results["machine"]["matmul_gflop_s"] > 0
+    assert results["config"]["quick"] is True
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "alpaca"])
+def test_workload_figures_are_sane(results: dict, name: str) -> None:
+    w = results["workloads"][name]
+    assert w["num_requests"] > 0
+    assert w["output_len"]["min"] >= 1
+    for key in THROUGHPUT_KEYS:
+        assert w[key] is not None and w[key] > 0, (key, w.get("hf_continuous_error"))
+    for key in RATIO_KEYS:
+        assert w[key] is not None and w[key] > 0, key
+    for key in UTILIZATION_KEYS:
+        assert 0 < w[key] <= 1, (key, w[key])
+    # Paged blocks waste at most the tail of each block; contiguous reservation wastes more.
+    assert w["kv_utilization"] >= w["contiguous_kv_utilization"]
+    assert w["contiguous_kv_utilization"] >= w["contiguous_kv_utilization_full_context"]
+    concurrency = w["concurrency"]
+    assert concurrency["quire_peak_running"] >= concurrency["quire_mean_running_saturated"] > 0
+    assert concurrency["contiguous_num_seqs"] >= concurrency["contiguous_num_seqs_full_context"]
+    assert all(0 < u <= 1 for u in w["kv_timeline"]["quire"])
+
+
+def test_stub_forward_holds_the_same_blocks_as_the_model() -> None:
+    """The concurrency run stubs the forward; block usage must not depend on it."""
+    if not (TINY / "config.json").is_file():
+        make_checkpoint(TINY, "tiny")
+    workload = bench.make_workload(
+        bench.WORKLOADS["alpaca"], 12, 0, 4096, 2048, max_prompt_len=40, max_output_len=24
+    )
+    traces = []
+    for stub in (False, True):
+        llm = LLM(model=str(TINY), num_kv_blocks=12, max_num_seqs=64)
+        run = bench.run_quire(llm, workload, f"stub={stub}", stub_forward=stub)
+        steps = [
+            (s.num_running, s.num_waiting, s.num_tokens, s.num_block_slots) for s in run.samples
+        ]
+        traces.append((steps, run.num_preemptions, run.num_tokens_computed))
+    assert traces[0] == traces[1]
+    assert traces[0][1] > 0, "the budget should be tight enough to preempt"

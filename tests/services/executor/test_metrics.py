@@ -1,0 +1,145 @@
+"""Executor metrics (vLLM's series with the quire: prefix) and the request ids of Step calls."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from quire.block.allocator import AdmitRequest, AppendRequest, ForkRequest, StepAllocation
+from quire.rpc import executor_pb2 as pb
+from quire.rpc import executor_pb2_grpc
+from services.executor.logs import RequestIds, safe_request_id
+from services.executor.metrics import EngineSnapshot, ExecutorMetrics
+from services.executor.server import ExecutorServer
+from services.executor.settings import ExecutorSettings
+from tests.services.executor.conftest import LoopThread
+
+PROMPT = list(range(5, 45))  # 40 tokens: two full 16-token blocks
+
+
+def samples(metrics: ExecutorMetrics) -> dict[str, float]:
+    text = generate_latest(metrics.registry).decode()
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.labels.get("model_name") == "quire-tiny" and "le" not in s.labels
+    }
+
+
+def test_snapshot_totals_become_counters() -> None:
+    metrics = ExecutorMetrics("quire-tiny")
+    # The first snapshot sets the baseline of the allocator's totals.
+    metrics.observe_snapshot(EngineSnapshot(prefix_cache_queries=10, prefix_cache_hits=4))
+    metrics.observe_snapshot(
+        EngineSnapshot(
+            num_running=3,
+            num_waiting=2,
+            kv_blocks_total=8,
+            kv_blocks_used=2,
+            num_preemptions=1,
+            num_generated_tokens=7,
+            prefix_cache_queries=42,
+            prefix_cache_hits=20,
+        )
+    )
+    # A memory manager that restarted forgets its totals: never a negative increment.
+    metrics.observe_snapshot(EngineSnapshot(num_preemptions=1, num_generated_tokens=7))
+    got = samples(metrics)
+    assert got["quire:num_requests_running"] == 0
+    assert got["quire:prefix_cache_queries_total"] == 32
+    assert got["quire:prefix_cache_hits_total"] == 16
+    assert got["quire:num_preemptions_total"] == 1
+    assert got["quire:generation_tokens_total"] == 7
+    metrics.observe_snapshot(EngineSnapshot(num_running=3, kv_blocks_total=8, kv_blocks_used=2))
+    assert samples(metrics)["quire:kv_cache_usage_perc"] == 0.25
+
+
+def test_step_metadata_lists_request_ids_lifecycle_first() -> None:
+    ids = RequestIds(max_ids=3)
+    for engine_id, request_id in [("e1", "r1"), ("e2", "r2"), ("e3", "r3"), ("e4", "r4")]:
+        ids.bind(engine_id, request_id)
+    step = StepAllocation(
+        appends=(AppendRequest("e1#0", (1,)), AppendRequest("e2#0", (1,))),
+        frees=("e3#0",),
+        admits=(AdmitRequest("e4#0", (1, 2)), AdmitRequest("unknown#0", (3,))),
+        forks=(ForkRequest("e2#0", "e2#1"),),
+    )
+    assert ids.step_metadata(step) == (("x-request-ids", "r4,r3,r2"),)
+    assert ids.step_metadata(StepAllocation()) == ()
+
+
+def test_released_ids_last_until_the_step_after_next() -> None:
+    ids = RequestIds()
+    ids.bind("e1", "r1")
+    frees = StepAllocation(frees=("e1#0",))
+    ids.release("e1")  # finished in this step; its frees go out with the next one
+    ids.step_done()
+    assert ids.step_metadata(frees) == (("x-request-ids", "r1"),)
+    ids.step_done()
+    assert ids.step_metadata(frees) == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("abc-123", "abc-123"), ("a" * 129, None), ("x y", None), ("a,b", None), ("", None)],
+)
+def test_safe_request_id(value: str, expected: str | None) -> None:
+    assert safe_request_id(value) == expected
+
+
+@pytest.fixture(scope="module")
+def executor(tiny_model: Path) -> Iterator[tuple[LoopThread, ExecutorServer]]:
+    loop = LoopThread()
+    settings = ExecutorSettings(
+        port=0,
+        model=str(tiny_model),
+        memory_manager="local",
+        redis_url="",
+        num_kv_blocks=64,
+        executor_id="metrics-executor",
+    )
+    server = ExecutorServer(settings)
+    assert loop.run(server.start())
+    yield loop, server
+    loop.run(server.close())
+    loop.close()
+
+
+def test_latency_histograms_and_prefix_counters_follow_requests(
+    executor: tuple[LoopThread, ExecutorServer],
+) -> None:
+    loop, server = executor
+
+    async def generate(request_id: str) -> None:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+            stub = executor_pb2_grpc.ExecutorStub(channel)
+            request = pb.GenerateRequest(
+                request_id=request_id,
+                prompt_token_ids=PROMPT,
+                params=pb.SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True),
+            )
+            call = stub.Generate(request, metadata=(("x-request-id", f"trace-{request_id}"),))
+            async for _ in call:
+                pass
+
+    loop.run(generate("first"))
+    loop.run(generate("second"))  # the same prompt: its two full blocks are cached
+    assert server.loop is not None
+    server.loop.fresh_snapshot().result(10)
+    assert server.metrics is not None
+    got = samples(server.metrics)
+    assert got["quire:prompt_tokens_total"] == 2 * len(PROMPT)
+    assert got["quire:generation_tokens_total"] == 10
+    assert got["quire:prefix_cache_queries_total"] >= 2 * len(PROMPT) - 2
+    assert got["quire:prefix_cache_hits_total"] == 32
+    assert got["quire:time_to_first_token_seconds_count"] == 2
+    assert got["quire:request_queue_time_seconds_count"] == 2
+    assert got["quire:e2e_request_latency_seconds_count"] == 2
+    assert got["quire:inter_token_latency_seconds_count"] == 2 * 4  # 5 tokens, 4 gaps
+    assert got["quire:num_requests_running"] == 0
