@@ -134,8 +134,8 @@ def compose_document(
     }
     for file_name, fragment in load_fragments(fragments_dir):
         for key in FRAGMENT_KEYS:
-            section = doc.setdefault(key, {})
             for name, value in (fragment.get(key) or {}).items():
+                section = doc.setdefault(key, {})  # no empty top-level sections
                 if name in section:
                     raise ValueError(f"{file_name}: {key}.{name} is already defined")
                 section[name] = value

@@ -2,8 +2,10 @@
 
 No kustomize or kubectl binary exists offline, so the tests render overlays with this:
 `resources` (files, or directories holding a kustomization.yaml), `namespace`, `images`
-(name -> newName / newTag) and `patches` given by `path` (strategic merge, including
-`$patch: delete`). Any other kustomization key raises, so nothing is silently skipped.
+(name -> newName / newTag), `patches` given by `path` (strategic merge, including
+`$patch: delete`) and `configMapGenerator` from `files` (with `options` labels, annotations
+and `disableNameSuffixHash: true`; like kustomize, only files inside the kustomization's
+directory). Any other key or option raises, so nothing is silently skipped.
 """
 
 from __future__ import annotations
@@ -14,7 +16,17 @@ from typing import Any
 
 import yaml
 
-SUPPORTED_KEYS = {"apiVersion", "kind", "namespace", "resources", "images", "patches"}
+SUPPORTED_KEYS = {
+    "apiVersion",
+    "kind",
+    "namespace",
+    "resources",
+    "images",
+    "patches",
+    "configMapGenerator",
+}
+GENERATOR_KEYS = {"name", "files", "options"}
+GENERATOR_OPTIONS = {"labels", "annotations", "disableNameSuffixHash"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition"}
 # Strategic-merge keys of the lists these manifests patch (Kubernetes' patchMergeKey).
 MERGE_KEYS = {
@@ -51,6 +63,8 @@ def build(directory: Path) -> list[Doc]:
     for entry in kustomization.get("resources", []):
         path = (directory / entry).resolve()
         docs += build(path) if path.is_dir() else load_docs(path)
+    for generator in kustomization.get("configMapGenerator", []):
+        docs.append(generate_configmap(directory, generator))
     if "namespace" in kustomization:
         for doc in docs:
             if doc["kind"] not in CLUSTER_SCOPED:
@@ -65,6 +79,28 @@ def build(directory: Path) -> list[Doc]:
             for container in pod_containers(doc):
                 set_image(container, image)
     return docs
+
+
+def generate_configmap(directory: Path, generator: Doc) -> Doc:
+    """The ConfigMap of one `configMapGenerator` entry (file contents as `data`)."""
+    options = generator.get("options", {})
+    unknown = (set(generator) - GENERATOR_KEYS) | (set(options) - GENERATOR_OPTIONS)
+    if unknown:
+        raise ValueError(f"{directory}: unsupported configMapGenerator fields {sorted(unknown)}")
+    if options.get("disableNameSuffixHash") is not True:
+        raise ValueError(f"{directory}: set disableNameSuffixHash (no name hashes here)")
+    data: dict[str, str] = {}
+    for entry in generator["files"]:
+        key, _, source = entry.rpartition("=")
+        path = (directory / source).resolve()
+        if not path.is_relative_to(directory.resolve()):
+            raise ValueError(f"{directory}: {source} is outside the kustomization's directory")
+        data[key or path.name] = path.read_text()
+    metadata: Doc = {"name": generator["name"]}
+    for field in ("labels", "annotations"):
+        if field in options:
+            metadata[field] = dict(options[field])
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
 
 
 def apply_patch(docs: list[Doc], patch: Doc, source: Path) -> list[Doc]:

@@ -17,6 +17,8 @@ from tests.deploy import service_flags
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "deploy" / "schemas" / "compose-spec.json").read_text())
 LOCAL = StackConfig(python="/usr/bin/python3", model="models/quire-tiny")
+# Services added by deploy/compose/*.yaml fragments, after the stack's processes.
+FRAGMENT_SERVICES = ["prometheus", "grafana"]
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +54,9 @@ def test_gpu_override_matches_the_schema_and_merges(doc: dict[str, Any]) -> None
 def test_services_are_the_stack_processes(
     doc: dict[str, Any], specs: dict[str, ProcessSpec]
 ) -> None:
-    assert (
-        list(doc["services"])
-        == list(specs)
-        == [
-            "redis",
-            "memory-manager",
-            "executor-0",
-            "executor-1",
-            "router",
-        ]
-    )
+    stack = ["redis", "memory-manager", "executor-0", "executor-1", "router"]
+    assert list(specs) == stack
+    assert list(doc["services"]) == [*stack, *FRAGMENT_SERVICES]
 
 
 def test_every_service_runs_the_stack_argv_and_env(
@@ -127,10 +121,16 @@ def test_python_services_accept_every_flag(specs: dict[str, ProcessSpec]) -> Non
             assert settings.executor_id == name
 
 
-def test_only_the_router_publishes_a_port(doc: dict[str, Any]) -> None:
+def test_only_the_router_and_grafana_publish_ports_on_the_loopback(doc: dict[str, Any]) -> None:
+    """Clients reach the router only; Grafana is an operator UI on 127.0.0.1. Nothing else."""
     published = {name: s["ports"] for name, s in doc["services"].items() if "ports" in s}
     assert published == {
-        "router": [{"target": 8000, "published": "8000", "host_ip": "127.0.0.1", "protocol": "tcp"}]
+        "router": [
+            {"target": 8000, "published": "8000", "host_ip": "127.0.0.1", "protocol": "tcp"}
+        ],
+        "grafana": [
+            {"target": 3000, "published": "3000", "host_ip": "127.0.0.1", "protocol": "tcp"}
+        ],
     }
     assert not any("expose" in s for s in doc["services"].values())
 
@@ -139,7 +139,8 @@ def test_dependencies_wait_for_healthy_services(
     doc: dict[str, Any], specs: dict[str, ProcessSpec]
 ) -> None:
     names = list(doc["services"])
-    for name, service in doc["services"].items():
+    for name in specs:
+        service = doc["services"][name]
         assert "healthcheck" in service, name
         depends_on = service.get("depends_on", {})
         assert list(depends_on) == list(specs[name].depends_on)
@@ -169,7 +170,7 @@ def test_models_are_a_mounted_volume(doc: dict[str, Any]) -> None:
     for name in ("executor-0", "executor-1", "router"):
         assert doc["services"][name]["volumes"] == [mount]
     assert "volumes" not in doc["services"]["memory-manager"]
-    assert doc["volumes"] == {"models": {}}
+    assert doc["volumes"] == {"models": {}, "prometheus-data": {}}
 
 
 def test_fragments_add_services_but_cannot_replace_stack_ones(tmp_path: Path) -> None:
@@ -183,3 +184,60 @@ def test_fragments_add_services_but_cannot_replace_stack_ones(tmp_path: Path) ->
     (tmp_path / "zz-clash.yaml").write_text("services:\n  router:\n    image: other\n")
     with pytest.raises(ValueError, match="services.router is already defined"):
         compose.compose_document(fragments_dir=tmp_path)
+
+
+def test_monitoring_images_are_pinned_and_mounts_exist(doc: dict[str, Any]) -> None:
+    for name in FRAGMENT_SERVICES:
+        service = doc["services"][name]
+        image, _, tag = service["image"].partition(":")
+        assert tag and tag != "latest", name
+        assert "healthcheck" in service and service["restart"] == "unless-stopped", name
+        for mount in service.get("volumes", []):
+            if mount["type"] == "bind":
+                assert mount["read_only"] is True, (name, mount)
+                assert (REPO / mount["source"]).exists(), (name, mount)
+            else:
+                assert mount["source"] in doc["volumes"], (name, mount)
+
+
+def test_prometheus_scrapes_every_metrics_port_of_the_stack(
+    doc: dict[str, Any], specs: dict[str, ProcessSpec]
+) -> None:
+    prometheus = doc["services"]["prometheus"]
+    (config,) = [m for m in prometheus["volumes"] if m["type"] == "bind"]
+    assert config["target"] == "/etc/prometheus/prometheus.yml"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    scrape = yaml.safe_load((REPO / config["source"]).read_text())
+    targets = {
+        t
+        for job in scrape["scrape_configs"]
+        for static in job["static_configs"]
+        for t in static["targets"]
+    }
+    expected = {f"router:{CONTAINER_CONFIG.router_port}"}
+    for name, spec in specs.items():
+        if "--metrics-port" in spec.argv:
+            expected.add(f"{name}:{spec.argv[spec.argv.index('--metrics-port') + 1]}")
+    assert targets == expected
+    assert "ports" not in prometheus
+
+
+def test_grafana_is_provisioned_with_the_dashboard_and_prometheus(doc: dict[str, Any]) -> None:
+    grafana = doc["services"]["grafana"]
+    mounts = {m["target"]: REPO / m["source"] for m in grafana["volumes"]}
+    provisioning = mounts["/etc/grafana/provisioning"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "quire.yml").read_text())[
+        "providers"
+    ]
+    dashboards = mounts[provider["options"]["path"]]
+    assert (dashboards / "quire.json").is_file()
+    env = grafana["environment"]
+    assert env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"].startswith(provider["options"]["path"])
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["url"] == "http://prometheus:9090"  # the prometheus service, its default port
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
+    assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
+    # The admin password comes from the environment; `admin` is a local-only default.
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:-admin}"

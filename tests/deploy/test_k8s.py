@@ -380,3 +380,28 @@ def test_only_the_router_is_reachable_from_outside_the_namespace(
         CONTAINER_CONFIG.executor_base_metrics_port,
         CONTAINER_CONFIG.memory_manager_metrics_port,
     }
+
+
+def test_grafana_dashboard_configmap_is_the_dashboard(rendered: dict[str, list[Doc]]) -> None:
+    """The kube-prometheus-stack Grafana sidecar loads ConfigMaps labelled grafana_dashboard."""
+    configmap = find(rendered["monitoring"], "ConfigMap", "quire-grafana-dashboard")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = REPO / "deploy" / "grafana" / "dashboards" / "quire.json"
+    assert configmap["data"] == {"quire.json": dashboard.read_text()}, (
+        "k8s/monitoring/dashboards/quire.json differs from deploy/grafana/dashboards/quire.json:"
+        " copy it over"
+    )
+    # 256 KiB: the limit of the last-applied annotation of a client-side `kubectl apply`.
+    assert len(configmap["data"]["quire.json"].encode()) < 256 * 1024
+
+
+def test_generated_files_stay_inside_the_kustomization(tmp_path: Path) -> None:
+    """kustomize refuses files outside the kustomization's directory; so does the stand-in."""
+    (tmp_path / "k").mkdir()
+    (tmp_path / "outside.json").write_text("{}")
+    (tmp_path / "k" / "kustomization.yaml").write_text(
+        "configMapGenerator:\n  - name: x\n    files: [../outside.json]\n"
+        "    options: {disableNameSuffixHash: true}\n"
+    )
+    with pytest.raises(ValueError, match="outside the kustomization"):
+        kustomize.build(tmp_path / "k")
