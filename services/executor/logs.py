@@ -7,79 +7,17 @@ memory manager as `x-request-ids` metadata on the Step call (`RequestIds`).
 
 from __future__ import annotations
 
-import logging
-import re
-import sys
-from collections.abc import MutableMapping
-from typing import Any
-
-import structlog
-
 from quire.block.allocator import StepAllocation
+from services import jsonlog
 
-_GLOBAL_FIELDS: dict[str, Any] = {}
-# What may travel as a request id in gRPC metadata (printable ASCII, no separators).
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/@+=~-]{1,128}")
 MAX_STEP_REQUEST_IDS = 32  # most ids sent with one Step call (a decode step touches all)
-
-
-def bind_global(**fields: Any) -> None:
-    """Add fields (e.g. executor_id) to every log line from now on, in every thread."""
-    _GLOBAL_FIELDS.update(fields)
-
-
-def _add_global_fields(
-    _logger: Any, _method: str, event: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    for key, value in _GLOBAL_FIELDS.items():
-        event.setdefault(key, value)
-    return event
+bind_global = jsonlog.bind_global
+safe_request_id = jsonlog.safe_request_id
 
 
 def configure_logging(level: str = "info", service: str = "executor") -> None:
     """JSON logs to stderr at `level`; the stdlib loggers (grpc, ...) go there as JSON too."""
-    numeric = logging.getLevelNamesMapping().get(level.upper())
-    if numeric is None:
-        raise ValueError(f"unknown log level {level!r}")
-    bind_global(service=service)
-    shared: list[Any] = [
-        structlog.contextvars.merge_contextvars,
-        _add_global_fields,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
-    ]
-    structlog.configure(
-        processors=[
-            *shared,
-            structlog.processors.StackInfoRenderer(),
-            structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
-    )
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        structlog.stdlib.ProcessorFormatter(
-            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.format_exc_info,
-                structlog.processors.JSONRenderer(),
-            ],
-        )
-    )
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(max(numeric, logging.WARNING))
-
-
-def safe_request_id(value: str | None) -> str | None:
-    """`value` if it can travel as a request id in metadata and logs, else None."""
-    if value and _REQUEST_ID.fullmatch(value):
-        return value
-    return None
+    jsonlog.configure_logging(service, level)
 
 
 class RequestIds:
