@@ -5,20 +5,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from services.router.deps import StateDep
 from services.router.errors import bad_request
-from services.router.generation import Generation, start_generation
+from services.router.generation import Generation
 from services.router.logprobs import completion_logprobs
+from services.router.routes.serve import serve_generation
 from services.router.schemas import CompletionChoice, CompletionRequest, CompletionResponse
 from services.router.state import RouterState
 from services.router.streaming import (
     build_params,
-    event_stream,
     new_id,
     sse,
-    unless_disconnected,
     usage_info,
 )
 
@@ -39,32 +37,15 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     max_tokens = min(state.prompts.check_context(p, body.max_tokens, "prompt") for p in prompts)
     params = build_params(body, max_tokens, body.logprobs)
     response_id = new_id("cmpl")
-    generation = await unless_disconnected(
+    return await serve_generation(
         request,
-        start_generation(
-            state.dispatcher,
-            state.tokenizer,
-            response_id,
-            prompts,
-            params,
-            body.stream,
-            request.state.arrival,
-            state.settings.extra_key,
-            state.settings.block_size,
-        ),
-    )
-    headers = {"x-quire-executor": generation.executor_ids}
-    if body.stream:
-        return event_stream(
-            generation, lambda: _chunks(state, generation, body, response_id), headers
-        )
-    try:
-        await unless_disconnected(request, generation.run_to_end())
-    finally:
-        generation.close()
-    return JSONResponse(
-        _response(state, generation, body, response_id).model_dump(mode="json"),
-        headers=headers,
+        state,
+        response_id,
+        prompts,
+        params,
+        body.stream,
+        lambda generation: _chunks(state, generation, body, response_id),
+        lambda generation: _response(state, generation, body, response_id),
     )
 
 
