@@ -47,6 +47,7 @@ def allocator_factory(
             live_sequences=live_sequences,
             timeout_s=settings.memory_manager_timeout_s,
             step_metadata=step_metadata,
+            tls_ca=settings.tls_ca,
         )
 
     return make

@@ -6,6 +6,8 @@ what one stream has sent and turns each cumulative `RequestOutput` into the new 
 
 from __future__ import annotations
 
+import math
+
 from quire.outputs import CompletionOutput, Logprob, RequestOutput
 from quire.rpc import executor_pb2 as pb
 from quire.sampling_params import SamplingParams
@@ -15,8 +17,12 @@ def sampling_params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
     """The engine's SamplingParams; unset fields take its defaults. ValueError if invalid.
 
     `n` and `max_tokens` are plain uint32 on the wire, so 0 means unset (1 and 16); `top_k`
-    0 disables top-k.
+    0 disables top-k. NaN or infinite floats are refused here: no range check catches them all.
     """
+    for name in _FLOAT_FIELDS:
+        value = getattr(msg, name)
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
     defaults = SamplingParams()
     return SamplingParams(
         n=msg.n or defaults.n,
@@ -44,6 +50,16 @@ def sampling_params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
             else defaults.skip_special_tokens
         ),
     )
+
+
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 def held_back_len(text: str, stops: list[str]) -> int:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from typing import Any
 
 import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from quire.cluster import tls
 from quire.cluster.registry import ExecutorRecord
 from quire.cluster.remote_allocator import StaleEpochError
 from quire.config import EngineConfig
@@ -35,8 +37,13 @@ _ABORT_GRACE_S = 10.0  # after aborting leftovers, how long streams get to close
 
 
 def new_epoch() -> int:
-    """A fresh random 63-bit incarnation number (fits int64 and uint64 alike)."""
-    return secrets.randbits(63)
+    """A fresh 63-bit incarnation number (fits int64 and uint64 alike) that grows over time.
+
+    The memory manager refuses an epoch older than the one it holds, so a process that
+    restarts under the same id (after a crash, without deregistering) must get a larger
+    one: wall-clock microseconds, with 10 random low bits against same-microsecond starts.
+    """
+    return (time.time_ns() // 1000) << 10 | secrets.randbits(10)
 
 
 class ExecutorServer:
@@ -66,7 +73,7 @@ class ExecutorServer:
         s = self.settings
         event_loop = asyncio.get_running_loop()
         self.server = grpc.aio.server()
-        self.port = self.server.add_insecure_port(f"{s.host}:{s.port}")
+        self.port = tls.add_port(self.server, f"{s.host}:{s.port}", s.tls_cert, s.tls_key)
         if self.port == 0:
             raise OSError(f"cannot bind {s.host}:{s.port}")
         identity = ExecutorIdentity(
@@ -109,6 +116,7 @@ class ExecutorServer:
             model=identity.model,
             num_kv_blocks=engine.allocator.num_blocks,
             memory_manager=s.memory_manager,
+            tls=bool(s.tls_cert),
         )
         return True
 

@@ -15,6 +15,7 @@ import structlog
 from quire.outputs import RequestOutput
 from quire.rpc import executor_pb2 as pb
 from quire.rpc import executor_pb2_grpc
+from quire.sampling_params import SamplingParams
 from services.executor.convert import DeltaTracker, sampling_params_from_proto
 from services.executor.engine_loop import (
     Aborted,
@@ -26,6 +27,8 @@ from services.executor.engine_loop import (
 from services.executor.logs import safe_request_id
 
 log = structlog.get_logger("quire.executor.servicer")
+
+MAX_REQUEST_ID_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
         try:
             params = sampling_params_from_proto(request.params)
+            self._check_limits(request, params)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         request_id = request.request_id or f"exec-{uuid.uuid4().hex}"
@@ -127,6 +131,17 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 rlog.info("stream closed early; aborting")
                 self._abort_quietly(request_id)
             self._close_stream()
+
+    def _check_limits(self, request: pb.GenerateRequest, params: SamplingParams) -> None:
+        """ValueError for what the engine would accept but cannot mean (checked before it)."""
+        if len(request.request_id) > MAX_REQUEST_ID_CHARS:
+            raise ValueError(f"request_id is longer than {MAX_REQUEST_ID_CHARS} characters")
+        max_model_len = self.loop.engine.max_model_len
+        if params.max_tokens > max_model_len:
+            raise ValueError(
+                f"max_tokens {params.max_tokens} is more than the model's context "
+                f"of {max_model_len} tokens"
+            )
 
     def _log_finished(self, rlog: Any, output: RequestOutput) -> None:
         rlog.info(

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from quire.cluster.tls import check_server_paths
 
 LOCAL_MEMORY_MANAGER = "local"  # --memory-manager value for an in-process BlockManager
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -72,6 +74,18 @@ class ExecutorSettings(BaseSettings):
     log_prompts: bool = Field(
         default=False, description="log prompt and output token ids and output text"
     )
+    tls_cert: str = Field(
+        default="", description="PEM certificate: serve gRPC over TLS ('' = plaintext)"
+    )
+    tls_key: str = Field(default="", description="PEM private key of --tls-cert")
+    tls_ca: str = Field(
+        default="", description="PEM CA bundle: dial the memory manager over TLS ('' = plaintext)"
+    )
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> ExecutorSettings:
+        check_server_paths(self.tls_cert, self.tls_key)
+        return self
 
     def resolved_executor_id(self, port: int) -> str:
         """The executor id, defaulting to hostname:port (the bound port when --port is 0)."""

@@ -15,6 +15,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from quire.cluster import tls
 from quire.cluster.prefix_publisher import PrefixPublisher
 from quire.rpc import memory_manager_pb2, memory_manager_pb2_grpc
 from services.memory_manager.metrics import ManagerMetrics
@@ -49,7 +50,8 @@ class MemoryManagerServer:
     async def start(self) -> int:
         """Bind and start serving; returns the gRPC port."""
         server = grpc.aio.server()
-        self.port = server.add_insecure_port(f"{self.settings.host}:{self.settings.port}")
+        address = f"{self.settings.host}:{self.settings.port}"
+        self.port = tls.add_port(server, address, self.settings.tls_cert, self.settings.tls_key)
         if self.port == 0:
             raise RuntimeError(f"cannot bind {self.settings.host}:{self.settings.port}")
         manager_id = self.settings.manager_id or f"{self.settings.host}:{self.port}"
@@ -73,6 +75,7 @@ class MemoryManagerServer:
             port=self.port,
             metrics_port=self.metrics_port or None,
             redis=bool(self.publisher),
+            tls=bool(self.settings.tls_cert),
         )
         return self.port
 

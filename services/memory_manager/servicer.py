@@ -37,6 +37,38 @@ log = structlog.get_logger(__name__)
 
 MAX_LOGGED_REQUEST_IDS = 64  # of a Step's x-request-ids metadata
 
+# Sanity caps on what one message may ask for. num_blocks sizes the pool's tables at
+# Register, so an absurd one would be a memory bomb; a sequence longer than MAX_SEQ_TOKENS
+# is far past any model's context.
+MAX_NUM_BLOCKS = 2**24
+MAX_BLOCK_SIZE = 2**12
+MAX_SEQ_TOKENS = 2**20
+
+
+def check_register(request: pb.RegisterRequest) -> None:
+    """ValueError for a Register message no executor would send (nothing is changed)."""
+    if request.num_blocks > MAX_NUM_BLOCKS:
+        raise ValueError(f"num_blocks: must be <= {MAX_NUM_BLOCKS}, got {request.num_blocks}")
+    if request.block_size > MAX_BLOCK_SIZE:
+        raise ValueError(f"block_size: must be <= {MAX_BLOCK_SIZE}, got {request.block_size}")
+    for live in request.live_sequences:
+        _check_tokens("live_sequences", live.seq_id, len(live.token_ids))
+
+
+def check_step(request: pb.StepRequest) -> None:
+    """ValueError for a Step whose token lists are past any model's context."""
+    for admit in request.admits:
+        _check_tokens("admits", admit.seq_id, len(admit.token_ids))
+    for append in request.appends:
+        _check_tokens("appends", append.seq_id, len(append.token_ids))
+
+
+def _check_tokens(what: str, seq_id: str, count: int) -> None:
+    if count > MAX_SEQ_TOKENS:
+        raise ValueError(
+            f"{what}: seq_id {seq_id!r} has {count} token ids (at most {MAX_SEQ_TOKENS})"
+        )
+
 
 class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc]
     """Register, Step, Deregister, GetStats and GetBlockStates over the executors' block managers."""
@@ -60,6 +92,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
     ) -> pb.RegisterResponse:
         """Create or replace the executor's pool, rebuilt from its live sequences."""
         try:
+            check_register(request)
             live = [live_from_proto(message) for message in request.live_sequences]
             pool, old = self.pools.register(
                 request.executor_id,
@@ -98,6 +131,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
         start = time.perf_counter()
         pool = await self._pool(request.executor_id, request.epoch, context, "Step")
         try:
+            check_step(request)
             result = pool.manager.step(step_from_proto(request))
         except ValueError as exc:
             log.warning("malformed step", executor_id=pool.executor_id, error=str(exc))

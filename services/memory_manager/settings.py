@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from quire.cluster.tls import check_server_paths
 
 
 class Settings(BaseSettings):
@@ -31,3 +33,10 @@ class Settings(BaseSettings):
     )
     log_level: str = Field("info", description="structlog level: debug, info, warning, error")
     log_prompts: bool = Field(False, description="log the token ids of admitted prompts")
+    tls_cert: str = Field("", description="PEM certificate: serve gRPC over TLS ('' = plaintext)")
+    tls_key: str = Field("", description="PEM private key of --tls-cert")
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Settings:
+        check_server_paths(self.tls_cert, self.tls_key)
+        return self

@@ -17,6 +17,8 @@ _TYPES = {
     400: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     502: "server_error",
@@ -91,7 +93,10 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     if first.get("type") == "json_invalid":
         message = f"the body is not valid JSON: {first.get('ctx', {}).get('error', 'parse error')}"
         return JSONResponse(error_body(400, message), status_code=400)
-    param = _field_name(tuple(first.get("loc", ())))
+    # A validator that names its own parameter (a whole-body check) puts it in ctx.
+    param = first.get("ctx", {}).get("param") or _field_name(tuple(first.get("loc", ())))
+    if first.get("type") == "unsupported_parameter":
+        return JSONResponse(error_body(400, str(first.get("msg")), param), status_code=400)
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     return JSONResponse(error_body(400, message, param), status_code=400)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import grpc
 
+from quire.cluster import tls
 from quire.rpc import executor_pb2, executor_pb2_grpc
 from quire.sampling_params import SamplingParams
 
@@ -21,14 +22,17 @@ _CHANNEL_OPTIONS = [
 class ExecutorClients:
     """Executor stubs by address; channels are opened lazily and kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls_ca: str = "") -> None:
+        """`tls_ca`: PEM CA bundle the executors' TLS certificates are checked against
+        ('' = plaintext)."""
+        self.tls_ca = tls_ca
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._stubs: dict[str, executor_pb2_grpc.ExecutorStub] = {}
 
     def stub(self, address: str) -> executor_pb2_grpc.ExecutorStub:
         stub = self._stubs.get(address)
         if stub is None:
-            channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+            channel = tls.aio_channel(address, self.tls_ca, _CHANNEL_OPTIONS)
             self._channels[address] = channel
             stub = self._stubs[address] = executor_pb2_grpc.ExecutorStub(channel)
         return stub

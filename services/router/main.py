@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 
+from services.router.auth import ApiKeyMiddleware, ApiKeys
 from services.router.errors import install_error_handlers
+from services.router.limits import BodyLimitMiddleware
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
+from services.router.ratelimit import RateLimiter, enforce_rate_limit
 from services.router.routes import chat, completions, dashboard, models, ops
 from services.router.settings import RouterSettings
 from services.router.state import RouterState
@@ -20,17 +23,26 @@ def create_app(settings: RouterSettings | None = None) -> FastAPI:
     settings = settings or RouterSettings()
     metrics = RouterMetrics()
     state = RouterState.build(settings, metrics)
+    api_keys = ApiKeys(settings.api_keys, settings.api_keys_file)
+    rate_limiter = RateLimiter.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await state.close()
+        await rate_limiter.close()
 
     app = FastAPI(title="Quire router", version="0.1.0", lifespan=lifespan)
     app.state.router = state
+    app.state.rate_limiter = rate_limiter
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    # Outside the body limit, inside the request context: 401s get request ids and counts.
+    app.add_middleware(ApiKeyMiddleware, keys=api_keys)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, client_closed)
-    for module in (completions, chat, models, ops, dashboard):
+    for module in (completions, chat, models):
+        app.include_router(module.router, dependencies=[Depends(enforce_rate_limit)])
+    for module in (ops, dashboard):
         app.include_router(module.router)
     return app

@@ -5,9 +5,40 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
-from quire.sampling_params import MAX_LOGPROBS, MAX_N, SamplingParams
+from quire.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS, SamplingParams
+
+MAX_STOP_CHARS = 1024  # longest stop string
+MAX_STOP_TOKEN_IDS = 256  # most stop_token_ids
+MAX_TOKEN_ID = 2**32 - 1  # token ids travel as uint32
+MAX_TOP_K = 2**31 - 1
+
+# Fields OpenAI (or vLLM) define that Quire does not implement and that change what the
+# output means: ignoring them would silently return something else, so a request that
+# sets one (to anything but an "off" value) is a 400 naming it. Other unknown fields are
+# ignored, as OpenAI does.
+UNSUPPORTED_FIELDS = (
+    "logit_bias",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+)
+_OFF_VALUES: tuple[Any, ...] = (None, "none", "auto", "text", {"type": "text"}, [], {})
 
 # --- requests ------------------------------------------------------------------------------
 
@@ -19,7 +50,7 @@ class StreamOptions(BaseModel):
 class SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions (OpenAI's, plus vLLM's extras)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_N)
@@ -28,17 +59,52 @@ class SamplingRequest(BaseModel):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)  # -1 or 0 disable it (vLLM / Quire)
+    top_k: int | None = Field(None, ge=-1, le=MAX_TOP_K)  # -1 or 0 disable it (vLLM / Quire)
     min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0)
     ignore_eos: bool = False
-    stop_token_ids: list[NonNegativeInt] | None = None
+    stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name in UNSUPPORTED_FIELDS:
+                value = data.get(name)
+                if not any(value == off and type(value) is type(off) for off in _OFF_VALUES):
+                    raise PydanticCustomError(
+                        "unsupported_parameter",
+                        "{param} is not supported",
+                        {"param": name},
+                    )
+        return data
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else value or []
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
+        for stop in stops:
+            if len(stop) > MAX_STOP_CHARS:
+                raise ValueError(f"a stop string is at most {MAX_STOP_CHARS} characters")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _check_stop_token_ids(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None:
+            if len(value) > MAX_STOP_TOKEN_IDS:
+                raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop token ids")
+            if any(not 0 <= t <= MAX_TOKEN_ID for t in value):
+                raise ValueError(f"stop token ids must be integers in [0, {MAX_TOKEN_ID}]")
+        return value
 
     @property
     def include_usage(self) -> bool:
@@ -92,6 +158,13 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> ChatMessage:
+        # Only an assistant turn may omit its content (OpenAI: it carries tool calls then).
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
     def for_template(self) -> dict[str, Any]:
         """The message as chat templates expect it: role and plain-text content."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -66,14 +66,41 @@ class RouterSettings(BaseSettings):
         default="127.0.0.1:50051",
         description="memory manager host:port that /dashboard reads block states from ('' = none)",
     )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        ge=1,
+        description="largest request body accepted, checked before parsing (then 413)",
+    )
     log_level: str = Field(default="info", description="debug, info, warning or error")
     log_prompts: bool = Field(
         default=False, description="log every request's prompt and output text"
     )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        repr=False,
+        description="API keys clients send as 'Authorization: Bearer', comma separated "
+        "(none and no --api-keys-file = auth off)",
+    )
+    api_keys_file: str = Field(
+        default="", description="file of API keys, one a line, re-read when it changes"
+    )
+    rate_limit_rpm: int = Field(
+        default=0, ge=0, description="requests per minute per API key, shared in Redis (0 = off)"
+    )
+    rate_limit_tpm: int = Field(
+        default=0,
+        ge=0,
+        description="prompt + max_tokens per minute per API key, shared in Redis (0 = off)",
+    )
+    tls_ca: str = Field(
+        default="",
+        description="PEM CA bundle: dial executors and the memory manager over TLS "
+        "('' = plaintext)",
+    )
 
-    @field_validator("executors", mode="before")
+    @field_validator("executors", "api_keys", mode="before")
     @classmethod
-    def _split_executors(cls, value: object) -> object:
+    def _split_lists(cls, value: object) -> object:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
@@ -86,6 +113,12 @@ class RouterSettings(BaseSettings):
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"executor address {address!r} is not host:port")
         return value
+
+    @model_validator(mode="after")
+    def _check_rate_limits(self) -> RouterSettings:
+        if (self.rate_limit_rpm or self.rate_limit_tpm) and not self.redis_url:
+            raise ValueError("rate limits are kept in Redis: set --redis-url")
+        return self
 
     @property
     def model_name(self) -> str:

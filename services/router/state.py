@@ -51,7 +51,7 @@ class RouterState:
             timeout_s=settings.redis_timeout_s,
         )
         admission = Admission(settings.max_pending_per_executor, settings.max_pending_total)
-        clients = ExecutorClients()
+        clients = ExecutorClients(settings.tls_ca)
         policy = RoutingConfig(
             block_size=settings.block_size,
             max_load_gap=settings.routing_max_load_gap,

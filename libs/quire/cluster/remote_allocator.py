@@ -41,6 +41,7 @@ import structlog
 
 from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocationResult
 from quire.block.restore import LiveSequenceState
+from quire.cluster import tls
 from quire.cluster.allocator_wire import (
     live_to_proto,
     result_from_proto,
@@ -124,9 +125,11 @@ class RemoteBlockAllocator:
         min_backoff_s: float = 0.05,
         max_backoff_s: float = 1.0,
         step_metadata: Callable[[StepAllocation], Sequence[tuple[str, str]]] | None = None,
+        tls_ca: str = "",
     ) -> None:
         """`step_metadata(step)` is sent as gRPC metadata with that step's Step call (the
-        executor sends the request ids the step touches, for the manager's logs)."""
+        executor sends the request ids the step touches, for the manager's logs).
+        `tls_ca` (a PEM CA bundle path) dials the manager over TLS; '' is plaintext."""
         self.target = target
         self.executor_id = executor_id
         self.epoch = epoch
@@ -143,7 +146,7 @@ class RemoteBlockAllocator:
         self.manager_id: str | None = None  # from the last successful Register
         self.num_registrations = 0
         self._lock = threading.Lock()
-        self._channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+        self._channel = tls.channel(target, tls_ca, _CHANNEL_OPTIONS)
         self._stub = pb_grpc.MemoryManagerStub(self._channel)
 
     # ------------------------------------------------------------ the protocol

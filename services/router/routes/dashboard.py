@@ -20,6 +20,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
+from quire.cluster import tls
 from quire.cluster.registry import ExecutorRecord
 from quire.rpc import memory_manager_pb2 as pb
 from quire.rpc import memory_manager_pb2_grpc as pb_grpc
@@ -71,8 +72,9 @@ class DashboardState(BaseModel):
 class BlockStateSource:
     """Reads `GetBlockStates` from one memory manager; shares a snapshot for `SNAPSHOT_S`."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, tls_ca: str = "") -> None:
         self.address = address
+        self.tls_ca = tls_ca  # PEM CA bundle for a TLS memory manager ('' = plaintext)
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.MemoryManagerStub | None = None
         self._lock = asyncio.Lock()
@@ -117,7 +119,7 @@ class BlockStateSource:
 
     async def _fetch(self, executor_id: str) -> pb.BlockStates:
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+            self._channel = tls.aio_channel(self.address, self.tls_ca, _CHANNEL_OPTIONS)
             self._stub = pb_grpc.MemoryManagerStub(self._channel)
         request = pb.GetBlockStatesRequest(executor_id=executor_id)
         reply: pb.BlockStates = await self._stub.GetBlockStates(request, timeout=RPC_TIMEOUT_S)
@@ -155,11 +157,11 @@ def _fill(out: ExecutorBlocks, reply: pb.BlockStates) -> None:
     out.states = reply.states.translate(_STATE_DIGITS).decode("ascii")
 
 
-def _source(app: FastAPI, address: str) -> BlockStateSource:
+def _source(app: FastAPI, address: str, tls_ca: str = "") -> BlockStateSource:
     # Created on first use, on the serving event loop (grpc.aio channels are bound to it).
     source: BlockStateSource | None = getattr(app.state, "block_states", None)
     if source is None:
-        source = app.state.block_states = BlockStateSource(address)
+        source = app.state.block_states = BlockStateSource(address, tls_ca)
     return source
 
 
@@ -183,4 +185,5 @@ async def dashboard() -> HTMLResponse:
 @router.get("/dashboard/state")
 async def dashboard_state(request: Request, state: StateDep) -> DashboardState:
     """Every executor's block states and counters, as the page draws them."""
-    return await _source(request.app, state.settings.memory_manager).snapshot(state)
+    source = _source(request.app, state.settings.memory_manager, state.settings.tls_ca)
+    return await source.snapshot(state)
