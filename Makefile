@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/quire/rpc/*.proto)
 RPC_STAMP := libs/quire/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-kernels loadtest gpu-check clean compose images
+.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test          install everything, lint, run the whole suite"
 	@echo "make model         generate models/quire-tiny and models/quire-bench"
 	@echo "make bench-engine  offline engine benchmark against transformers"
+	@echo "make bench-serving online benchmark (Poisson load) against transformers serve"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
@@ -110,3 +111,7 @@ gpu-check: $(STAMP)
 
 clean:
 	rm -rf $(VENV) models bench/results libs/quire/rpc .run
+
+# Online serving benchmark: Quire's stack and `transformers serve` under Poisson load (5-8 min).
+bench-serving: model redis $(RPC_STAMP)
+	$(PY) -m benchmarks.serving

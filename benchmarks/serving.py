@@ -1,0 +1,647 @@
+"""Online serving benchmark: Quire's stack beside `transformers serve` under Poisson load.
+
+    python -m benchmarks.serving [--model DIR] [--rates 1,2,4,8,16,32] [--num-prompts N]
+        [--input-len MEAN] [--output-len MEAN] [--slo-ttft-ms MS] [--slo-tpot-ms MS]
+        [--num-executors N] [--skip-baseline] [--skip-quire] [--seed S] [--out DIR] [--quick]
+
+Both servers are started here on free ports and stopped afterwards: Quire with
+services.stack.runner.Stack (Redis, memory manager, executors, router) and the baseline with
+transformers' own OpenAI-compatible server (`transformers serve`, continuous batching on, via
+benchmarks.serving_hf, which only lets it load on the CPU without `accelerate`), both serving
+the same local checkpoint with HF_HUB_OFFLINE=1.
+
+Load. For each request rate, --num-prompts streaming /v1/completions requests are sent at
+Poisson arrival times (exponential gaps with mean 1/rate, seeded). Prompts are text decoded
+from random token ids; prompt and output lengths are lognormal (sigma 0.9, means
+--input-len / --output-len: ShareGPT's shape, scaled down for the CPU). Every system gets the
+same prompts, arrival times and output lengths, and is asked for exactly that many tokens:
+Quire with `ignore_eos`, transformers with a `generation_config` that sets min_new_tokens
+(and, being a fresh config, no EOS). Output tokens are counted from each stream's usage.
+
+Per request: TTFT (send to first text chunk), ITL (every gap between text chunks), e2e,
+output tokens and TPOT = (e2e - TTFT) / (output_tokens - 1). Per rate, as `vllm bench serve`
+reports them: request and output-token throughput, mean/median/p99 of TTFT, TPOT, ITL and e2e,
+and goodput (requests/s meeting both SLOs). The sustainable rate is where TTFT p99 crosses
+the TTFT SLO (see DEFINITIONS). Writes <out>/serving.json and <out>/serving.png.
+
+The defaults take about 5-8 minutes on 2 cores. Both servers share the machine with this
+client, so a busy neighbour shows up as queueing: the JSON records the load average before
+and after the run; compare runs only at similar load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from tqdm.auto import tqdm
+
+REPO = Path(__file__).resolve().parents[1]
+LENGTH_SIGMA = 0.9  # lognormal sigma of prompt and output lengths (ShareGPT-like)
+FIRST_REGULAR_TOKEN_ID = 5  # ids 0-4 are special in the generated tokenizers
+REQUEST_TIMEOUT_S = 300.0
+
+DEFAULTS: dict[str, Any] = {
+    "model": "models/quire-tiny",
+    "rates": "1,2,4,8,16,32",
+    "num_prompts": 64,
+    "input_len": 64,
+    "output_len": 48,
+    "max_input_len": 256,
+    "max_output_len": 128,
+    # Single-stream quire-tiny on 2 cores: ~30 ms per token, a prefill well under 100 ms.
+    # A TTFT p99 of 1 s and a TPOT p99 of 150 ms leave room for queueing yet flag overload.
+    "slo_ttft_ms": 1000.0,
+    "slo_tpot_ms": 150.0,
+    "warmup": 4,
+}
+
+# --quick: the smoke test's settings (tiny model, two low rates, a few short requests).
+QUICK: dict[str, Any] = {
+    "model": "models/quire-tiny",
+    "rates": "1,2",
+    "num_prompts": 4,
+    "input_len": 16,
+    "output_len": 8,
+    "max_input_len": 32,
+    "max_output_len": 16,
+    "warmup": 1,
+}
+
+DEFINITIONS = {
+    "ttft_ms": "request sent to its first non-empty text chunk",
+    "itl_ms": "every gap between consecutive non-empty text chunks of a request",
+    "tpot_ms": "(e2e - ttft) / (output_tokens - 1), requests with more than one token",
+    "e2el_ms": "request sent to its last chunk",
+    "request_throughput": "completed requests / seconds from the first send to the last finish",
+    "output_throughput": "output tokens (stream usage) / the same seconds",
+    "goodput": "completed requests with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms, per second",
+    "sustainable_rate": "the request rate at which TTFT p99 crosses slo_ttft_ms, linearly "
+    "interpolated between the tested rates around the first crossing; the highest tested rate "
+    "(a lower bound, censored=true) if it never crosses; 0 if it is over at the lowest rate",
+    "max_rate_under_slo": "the highest tested rate whose TTFT p99 is under slo_ttft_ms (and every "
+    "lower tested rate's too)",
+    "sustainable_rate_ratio": "Quire sustainable_rate / baseline sustainable_rate",
+}
+
+
+# --- workload --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt: str
+    prompt_len: int  # token ids drawn (the server's count is in the results)
+    output_len: int
+
+
+def lognormal_lengths(
+    rng: np.random.Generator, mean: float, n: int, low: int, high: int
+) -> list[int]:
+    mu = math.log(mean) - LENGTH_SIGMA**2 / 2
+    values = rng.lognormal(mu, LENGTH_SIGMA, n)
+    return [int(v) for v in np.clip(np.round(values), low, high)]
+
+
+def make_requests(model_dir: Path, n: int, args: argparse.Namespace, seed: int) -> list[Request]:
+    """Seeded prompts (text of random token ids) and output lengths."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    vocab = tokenizer.get_vocab_size()
+    rng = np.random.default_rng(seed)
+    prompt_lens = lognormal_lengths(rng, args.input_len, n, 4, args.max_input_len)
+    output_lens = lognormal_lengths(rng, args.output_len, n, 2, args.max_output_len)
+    requests = []
+    for p, o in zip(prompt_lens, output_lens, strict=True):
+        ids = rng.integers(FIRST_REGULAR_TOKEN_ID, vocab, p).tolist()
+        requests.append(Request(tokenizer.decode(ids), p, o))
+    return requests
+
+
+def arrival_times(rate: float, n: int, seed: int) -> list[float]:
+    """Poisson arrivals: cumulative exponential gaps (the first request at 0)."""
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps).tolist()
+
+
+# --- one request -----------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    success: bool = False
+    error: str = ""
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+
+    @property
+    def tpot(self) -> float | None:
+        if not self.success or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+
+class Server:
+    """An OpenAI-compatible endpoint and how to ask it for exactly n tokens."""
+
+    name = "server"
+
+    def __init__(self, base_url: str, model: str) -> None:
+        self.base_url = base_url
+        self.model = model
+
+    def body(self, req: Request) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class QuireServer(Server):
+    name = "quire"
+
+    def body(self, req: Request) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "prompt": req.prompt,
+            "max_tokens": req.output_len,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+
+class TransformersServer(Server):
+    name = "transformers"
+
+    def body(self, req: Request) -> dict[str, Any]:
+        # transformers serve rejects unknown fields (ignore_eos, stream_options) with a 422; a
+        # generation_config replaces the model's, so it has no EOS and min_new_tokens holds.
+        config = {"max_new_tokens": req.output_len, "min_new_tokens": req.output_len}
+        return {
+            "model": self.model,
+            "prompt": req.prompt,
+            "max_tokens": req.output_len,
+            "stream": True,
+            "generation_config": json.dumps({**config, "do_sample": False}),
+        }
+
+
+async def send(client: httpx.AsyncClient, server: Server, req: Request) -> Result:
+    result = Result()
+    chunks = 0
+    start = time.perf_counter()
+    last = start
+    try:
+        async with client.stream(
+            "POST", f"{server.base_url}/v1/completions", json=server.body(req)
+        ) as resp:
+            if resp.status_code != 200:
+                result.error = f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                now = time.perf_counter()
+                if chunk.get("usage"):
+                    result.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                    result.prompt_tokens = int(chunk["usage"].get("prompt_tokens") or 0)
+                if any(c.get("text") for c in chunk.get("choices") or []):
+                    if chunks == 0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last)
+                    chunks += 1
+                    last = now
+        result.e2e = time.perf_counter() - start
+        result.output_tokens = result.output_tokens or chunks
+        result.success = chunks > 0
+        if not result.success:
+            result.error = "no text in the stream"
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def run_rate(
+    server: Server, requests: list[Request], rate: float, seed: int, desc: str
+) -> tuple[list[Result], float]:
+    """All requests at Poisson arrivals; returns the results and the run's seconds."""
+    times = arrival_times(rate, len(requests), seed)
+    limits = httpx.Limits(max_connections=len(requests) + 4, max_keepalive_connections=32)
+    bar = tqdm(total=len(requests), desc=desc, leave=False, dynamic_ncols=True)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def one(req: Request, at: float) -> Result:
+            await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+            r = await send(client, server, req)
+            bar.update(1)
+            return r
+
+        results = await asyncio.gather(*(one(r, t) for r, t in zip(requests, times, strict=True)))
+        duration = time.perf_counter() - t0
+    bar.close()
+    return list(results), duration
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def stats_ms(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "median": None, "p99": None}
+    a = np.asarray(values) * 1000.0
+    return {
+        "mean": float(a.mean()),
+        "median": float(np.median(a)),
+        "p99": float(np.percentile(a, 99)),
+    }
+
+
+def summarize(
+    results: list[Result], duration: float, rate: float, slo_ttft_ms: float, slo_tpot_ms: float
+) -> dict[str, Any]:
+    ok = [r for r in results if r.success]
+    tpots = [t for r in ok if (t := r.tpot) is not None]
+    good = [
+        r
+        for r in ok
+        if r.ttft * 1000 <= slo_ttft_ms and (r.tpot is None or r.tpot * 1000 <= slo_tpot_ms)
+    ]
+    output_tokens = sum(r.output_tokens for r in ok)
+    errors = sorted({r.error for r in results if not r.success})
+    return {
+        "request_rate": rate,
+        "num_prompts": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": errors[:5],
+        "duration_s": duration,
+        "total_output_tokens": output_tokens,
+        "total_prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "request_throughput": len(ok) / duration,
+        "output_throughput": output_tokens / duration,
+        "goodput": len(good) / duration,
+        "ttft_ms": stats_ms([r.ttft for r in ok]),
+        "tpot_ms": stats_ms(tpots),
+        "itl_ms": stats_ms([g for r in ok for g in r.itl]),
+        "e2el_ms": stats_ms([r.e2e for r in ok]),
+    }
+
+
+def sustainable_rate(runs: list[dict[str, Any]], slo_ttft_ms: float) -> dict[str, Any]:
+    """Where TTFT p99 crosses the SLO (see DEFINITIONS)."""
+
+    def p99(run: dict[str, Any]) -> float:
+        value = run["ttft_ms"]["p99"]
+        return math.inf if value is None or run["failed"] else float(value)
+
+    runs = sorted(runs, key=lambda r: r["request_rate"])
+    below = 0.0
+    max_under = 0.0
+    for i, run in enumerate(runs):
+        if p99(run) > slo_ttft_ms:
+            if i == 0:
+                return {"rate": 0.0, "censored": False, "max_rate_under_slo": 0.0}
+            prev = runs[i - 1]
+            lo, hi = p99(prev), p99(run)
+            frac = 1.0 if math.isinf(hi) else (slo_ttft_ms - lo) / (hi - lo)
+            rate = prev["request_rate"] + frac * (run["request_rate"] - prev["request_rate"])
+            return {"rate": rate, "censored": False, "max_rate_under_slo": max_under}
+        below = max_under = run["request_rate"]
+    return {"rate": below, "censored": True, "max_rate_under_slo": max_under}
+
+
+# --- servers ---------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def served_model(base_url: str) -> str:
+    return str(httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"])
+
+
+@contextlib.contextmanager
+def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
+    from services.stack.runner import Stack
+    from services.stack.spec import StackConfig
+
+    base = free_port()
+    config = StackConfig(
+        model=str(model_dir),
+        router_port=free_port(),
+        redis_port=free_port(),
+        memory_manager_port=free_port(),
+        executor_base_port=base if base < 60000 else 40000,
+        memory_manager_metrics_port=free_port(),
+        executor_base_metrics_port=free_port() if base < 60000 else 41000,
+        num_executors=num_executors,
+        redis_prefix=f"quire-bench-{base}",
+        python=sys.executable,
+    )
+    stack = Stack(config, run_dir, cwd=REPO)
+    stack.start(timeout_s=180)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status = httpx.get(f"{config.router_url}/cluster/status", timeout=5).json()
+            if sum(e["healthy"] for e in status["executors"]) >= num_executors:
+                break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError("Quire's executors never became healthy")
+        yield QuireServer(config.router_url, served_model(config.router_url))
+    finally:
+        stack.stop()
+
+
+@contextlib.contextmanager
+def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180) -> Any:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "benchmarks.serving_hf",
+        "--continuous-batching",
+        "--device",
+        "cpu",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        str(model_dir),
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                tail = log_path.read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"transformers serve exited ({proc.returncode}): {tail}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"transformers serve not healthy after {timeout_s} s")
+            time.sleep(0.5)
+        yield TransformersServer(base_url, served_model(base_url))
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+# --- driving ---------------------------------------------------------------------------------
+
+
+def bench_system(
+    server: Server, args: argparse.Namespace, rates: list[float], model_dir: Path
+) -> dict[str, Any]:
+    warm = make_requests(model_dir, args.warmup, args, args.seed + 1)
+    t = time.perf_counter()
+    for r in asyncio.run(_gather_warmup(server, warm)):
+        if not r.success:
+            raise RuntimeError(f"{server.name} warmup request failed: {r.error}")
+    warmup_s = time.perf_counter() - t
+    requests = make_requests(model_dir, args.num_prompts, args, args.seed)
+    runs = []
+    for i, rate in enumerate(rates):
+        results, duration = asyncio.run(
+            run_rate(server, requests, rate, args.seed + 1000 + i, f"{server.name} {rate:g} req/s")
+        )
+        run = summarize(results, duration, rate, args.slo_ttft_ms, args.slo_tpot_ms)
+        runs.append(run)
+        print(row(server.name, run), flush=True)
+    return {
+        "status": "ok",
+        "warmup_s": warmup_s,
+        "runs": runs,
+        "sustainable": sustainable_rate(runs, args.slo_ttft_ms),
+    }
+
+
+async def _gather_warmup(server: Server, requests: list[Request]) -> list[Result]:
+    """One request alone, then all of them at once (batched shapes warm up too)."""
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        first = await send(client, server, requests[0])
+        rest = await asyncio.gather(*(send(client, server, r) for r in requests))
+        return [first, *rest]
+
+
+HEADER = (
+    f"{'system':<13}{'rate':>6}{'done':>6}{'req/s':>8}{'tok/s':>8}{'good/s':>8}"
+    f"{'TTFT mean/med/p99 ms':>24}{'TPOT mean/med/p99 ms':>24}{'ITL p99':>9}"
+)
+
+
+def row(name: str, run: dict[str, Any]) -> str:
+    def triple(s: dict[str, float | None]) -> str:
+        return "/".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("mean", "median", "p99"))
+
+    itl = run["itl_ms"]["p99"]
+    return (
+        f"{name:<13}{run['request_rate']:>6g}{run['completed']:>6}"
+        f"{run['request_throughput']:>8.2f}{run['output_throughput']:>8.1f}{run['goodput']:>8.2f}"
+        f"{triple(run['ttft_ms']):>24}{triple(run['tpot_ms']):>24}"
+        f"{'-' if itl is None else f'{itl:.0f}':>9}"
+    )
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [
+        ("TTFT p99 (ms)", lambda r: r["ttft_ms"]["p99"], results["slo"]["ttft_ms"]),
+        ("TPOT p99 (ms)", lambda r: r["tpot_ms"]["p99"], results["slo"]["tpot_ms"]),
+        ("output tokens/s", lambda r: r["output_throughput"], None),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (label, get, slo) in zip(axes, panels, strict=True):
+        for name, system in results["systems"].items():
+            runs = system.get("runs") or []
+            pts = [(r["request_rate"], get(r)) for r in runs if get(r) is not None]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+        if slo is not None:
+            ax.axhline(slo, color="grey", linestyle="--", label=f"SLO {slo:g} ms")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"Serving under Poisson load: {results['config']['model']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", help=f"checkpoint dir (default {DEFAULTS['model']})")
+    p.add_argument("--rates", help=f"request rates, req/s (default {DEFAULTS['rates']})")
+    p.add_argument("--num-prompts", type=int, help="requests per rate")
+    p.add_argument("--input-len", type=float, help="mean prompt length (tokens)")
+    p.add_argument("--output-len", type=float, help="mean output length (tokens)")
+    p.add_argument("--max-input-len", type=int)
+    p.add_argument("--max-output-len", type=int)
+    p.add_argument("--slo-ttft-ms", type=float, default=DEFAULTS["slo_ttft_ms"])
+    p.add_argument("--slo-tpot-ms", type=float, default=DEFAULTS["slo_tpot_ms"])
+    p.add_argument("--warmup", type=int, help="warmup requests per system (not measured)")
+    p.add_argument("--num-executors", type=int, default=1, help="Quire executors")
+    p.add_argument("--skip-baseline", action="store_true", help="no transformers serve")
+    p.add_argument("--skip-quire", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=str(REPO / "bench" / "results"))
+    p.add_argument("--quick", action="store_true", help="smoke test (~30 s)")
+    args = p.parse_args(argv)
+    preset = {**DEFAULTS, **(QUICK if args.quick else {})}
+    for key, value in preset.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    model_dir = Path(args.model)
+    if not model_dir.is_absolute():
+        model_dir = (REPO / model_dir).resolve()
+    rates = sorted(float(r) for r in str(args.rates).split(","))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    load_before = os.getloadavg()[0]
+    systems: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="quire-serving-bench-") as tmp:
+        if args.skip_quire:
+            systems["quire"] = {"status": "skipped", "reason": "--skip-quire"}
+        else:
+            with quire_server(model_dir, args.num_executors, Path(tmp) / "stack") as server:
+                systems["quire"] = bench_system(server, args, rates, model_dir)
+        if args.skip_baseline:
+            systems["transformers"] = {"status": "skipped", "reason": "--skip-baseline"}
+        else:
+            log = Path(tmp) / "transformers-serve.log"
+            try:
+                with transformers_server(model_dir, log) as server:
+                    systems["transformers"] = bench_system(server, args, rates, model_dir)
+            except Exception as exc:  # the JSON says why; Quire's side still stands
+                systems["transformers"] = {"status": "failed", "reason": str(exc)[-2000:]}
+    q, b = systems.get("quire", {}), systems.get("transformers", {})
+    ratio: float | None = None
+    ratio_note = "needs both systems"
+    if q.get("status") == "ok" and b.get("status") == "ok":
+        qs, bs = q["sustainable"], b["sustainable"]
+        if bs["rate"] > 0:
+            ratio = qs["rate"] / bs["rate"]
+            ratio_note = "exact"
+            if qs["censored"] and not bs["censored"]:
+                ratio_note = "lower bound: Quire stayed under the SLO at every tested rate"
+            elif bs["censored"] and not qs["censored"]:
+                ratio_note = "upper bound: the baseline stayed under the SLO at every tested rate"
+            elif qs["censored"] and bs["censored"]:
+                ratio_note = "both stayed under the SLO at every tested rate: raise --rates"
+        else:
+            ratio_note = "the baseline is over the SLO at the lowest tested rate: lower --rates"
+    results: dict[str, Any] = {
+        "config": {
+            "model": str(
+                model_dir.relative_to(REPO) if model_dir.is_relative_to(REPO) else model_dir
+            ),
+            "rates": rates,
+            "num_prompts": args.num_prompts,
+            "input_len_mean": args.input_len,
+            "output_len_mean": args.output_len,
+            "max_input_len": args.max_input_len,
+            "max_output_len": args.max_output_len,
+            "length_sigma": LENGTH_SIGMA,
+            "warmup": args.warmup,
+            "seed": args.seed,
+            "quick": args.quick,
+            "quire_num_executors": args.num_executors,
+            "baseline": "transformers serve --continuous-batching --device cpu",
+        },
+        "slo": {
+            "ttft_ms": args.slo_ttft_ms,
+            "tpot_ms": args.slo_tpot_ms,
+            "note": "defaults sized for quire-tiny on 2 CPU cores (~30 ms per decode token "
+            "single-stream); override with --slo-ttft-ms / --slo-tpot-ms",
+        },
+        "systems": systems,
+        "sustainable_rate_ratio": ratio,
+        "sustainable_rate_ratio_note": ratio_note,
+        "definitions": DEFINITIONS,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg()[0],
+        },
+        "wall_s": time.time() - started,
+    }
+    (out / "serving.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, out / "serving.png")
+    print()
+    print(f"SLO: TTFT <= {args.slo_ttft_ms:g} ms, TPOT <= {args.slo_tpot_ms:g} ms")
+    print(HEADER)
+    for name, system in systems.items():
+        if system.get("status") != "ok":
+            print(f"{name:<13}{system['status']}: {system.get('reason', '')[:200]}")
+            continue
+        for run in system["runs"]:
+            print(row(name, run))
+    for name, system in systems.items():
+        if system.get("status") == "ok":
+            s = system["sustainable"]
+            bound = ">= " if s["censored"] else ""
+            print(
+                f"{name}: sustainable rate (TTFT p99 <= {args.slo_ttft_ms:g} ms) {bound}"
+                f"{s['rate']:.2f} req/s; highest tested rate under it {s['max_rate_under_slo']:g}"
+            )
+    shown = "n/a" if ratio is None else f"{ratio:.2f}"
+    print(f"sustainable rate ratio quire / transformers: {shown} ({ratio_note})")
+    print(f"wrote {out / 'serving.json'} and {out / 'serving.png'}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
