@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/quire/rpc/*.proto)
 RPC_STAMP := libs/quire/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images
+.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images chaos
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -22,6 +22,7 @@ help:
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
 	@echo "make images        docker build the service images (VARIANT=cpu|cuda)"
+	@echo "make chaos         fault injection, leak soak, overload -> bench/results/chaos.json"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -115,3 +116,8 @@ clean:
 # Online serving benchmark: Quire's stack and `transformers serve` under Poisson load (5-8 min).
 bench-serving: model redis $(RPC_STAMP)
 	$(PY) -m benchmarks.serving
+
+# Fault injection (kill/restart each process under load), a KV-leak soak and overload, each on
+# its own fresh stack; writes bench/results/chaos.json, fails on any hung/lost request or leak.
+chaos: model redis $(RPC_STAMP)
+	$(PY) -m benchmarks.chaos

@@ -1,0 +1,69 @@
+"""Bounded chaos: each fault on its own small stack under light load (make chaos runs long).
+
+Every scenario must end with no hung request, no accepted request lost and no KV block left
+in use once the cluster is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.chaos import FAULTS, Plan, make_config, soak, with_stack
+
+# Small counts: the whole module stays within ~90 s on two cores.
+PLAN = Plan(concurrency=3, before_s=0.8, after_s=1.6, soak_requests=24, overload_s=2.0)
+
+
+def assert_clean(result: dict[str, Any]) -> None:
+    assert result["sent"] > 0
+    assert result["hung"] == 0, result
+    assert result["lost"] == 0, result
+    assert result["blocks_leaked"] == 0, result
+    assert result["completed"] > 0, result
+
+
+def run_fault(name: str, tmp_path: Path) -> dict[str, Any]:
+    return asyncio.run(with_stack(make_config(), tmp_path, lambda s: FAULTS[name](s, PLAN)))
+
+
+def test_kill_executor_reroutes_and_restart_serves_again(tmp_path: Path) -> None:
+    result = run_fault("kill_executor", tmp_path)
+    assert_clean(result)
+    assert result["routed_to_dead_after_2s"] == 0
+    assert result["new_epoch"]
+    assert result["served_after_restart"] > 0
+
+
+def test_kill_memory_manager_executors_reregister(tmp_path: Path) -> None:
+    result = run_fault("kill_memory_manager", tmp_path)
+    assert_clean(result)
+    assert result["reregistered"] == ["executor-0", "executor-1"]
+    assert result["completed_after_restart"] > 0
+
+
+def test_restart_redis_fails_nothing_and_republishes(tmp_path: Path) -> None:
+    result = run_fault("restart_redis", tmp_path)
+    assert_clean(result)
+    assert result["failed_clean"] == 0
+    assert result["prefix_sets_republished"] == ["executor-0", "executor-1"]
+
+
+def test_rolling_update_loses_nothing(tmp_path: Path) -> None:
+    result = run_fault("rolling_update", tmp_path)
+    assert_clean(result)
+    assert result["executor_exit"] == 0
+
+
+@pytest.mark.slow
+def test_soak_frees_every_block(tmp_path: Path) -> None:
+    config = make_config(num_kv_blocks=24)
+    result = asyncio.run(with_stack(config, tmp_path, lambda s: soak(s, PLAN)))
+    assert_clean(result)
+    for pool in result["pools"].values():
+        assert pool["used"] == 0 and pool["consistent"], pool
+        assert pool["total"] == pool["free"] + pool["cached"], pool
+    assert result["dead_executor_record_gone"]
