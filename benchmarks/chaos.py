@@ -27,7 +27,6 @@ import json
 import random
 import shutil
 import signal
-import socket
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +40,7 @@ import redis
 
 from quire.cluster.registry import ExecutorRecord, executor_key, prefix_key
 from quire.rpc import memory_manager_pb2, memory_manager_pb2_grpc
+from services.stack.ports import free_range
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 
@@ -53,33 +53,6 @@ PROMPTS = [
     "In the beginning the universe was created. This has made a lot of people",
     "A shared system prompt that many requests begin with, followed by question number",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_range(n: int, taken: set[int]) -> int:
-    """The first of `n` consecutive free ports none of which is in `taken` (then added)."""
-    rng = random.Random()
-    while True:
-        base = rng.randrange(20000, 32000 - n)  # below Linux's ephemeral range
-        block = range(base, base + n)
-        if taken.intersection(block) or not all(port_free(p) for p in block):
-            continue
-        taken.update(block)
-        return base
-
-
-def port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 def make_config(
@@ -113,7 +86,7 @@ def make_config(
 def add_router(stack: Stack, name: str) -> str:
     """A second router replica: the first one's command on another port; its URL."""
     first = stack.specs["router"]
-    port = free_port()
+    port = free_range(1, set())
     argv = list(first.argv)
     argv[argv.index("--port") + 1] = str(port)
     url = f"http://{stack.config.host}:{port}"

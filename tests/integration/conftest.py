@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -11,29 +10,25 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.stack.ports import free_range
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    base = free_port()
+    taken: set[int] = set()
+    base = free_range(2, taken)
     config = StackConfig(
         model=str(REPO / "models" / "quire-tiny"),
-        router_port=free_port(),
-        redis_port=free_port(),
-        memory_manager_port=free_port(),
-        executor_base_port=base if base < 60000 else 40000,
-        memory_manager_metrics_port=free_port(),
-        executor_base_metrics_port=free_port() if base < 60000 else 41000,
+        router_port=free_range(1, taken),
+        redis_port=free_range(1, taken),
+        memory_manager_port=free_range(1, taken),
+        executor_base_port=base,
+        memory_manager_metrics_port=free_range(1, taken),
+        executor_base_metrics_port=free_range(2, taken),
         num_executors=2,
         num_kv_blocks=512,
         max_pending_per_executor=24,
@@ -42,10 +37,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         python=sys.executable,
     )
     s = Stack(config, tmp_path_factory.mktemp("stack"), cwd=REPO)
-    s.start(timeout_s=120)
-    wait_for_executors(s, 2)
-    yield s
-    s.stop()
+    try:
+        s.start(timeout_s=120)
+        wait_for_executors(s, 2)
+        yield s
+    finally:
+        s.stop()
 
 
 def wait_for_executors(s: Stack, n: int, timeout_s: float = 30.0) -> list[dict]:

@@ -1,0 +1,32 @@
+"""Free loopback ports for stacks started by tests and benchmarks.
+
+Executors listen on consecutive ports (base + i), so a stack needs whole blocks of free
+ports, picked below Linux's ephemeral range where the kernel does not hand them out to
+other sockets in the meantime.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_range(n: int, taken: set[int]) -> int:
+    """The first of `n` consecutive free ports, none in `taken` (they are added to it)."""
+    rng = random.Random()
+    while True:
+        base = rng.randrange(20000, 32000 - n)
+        block = range(base, base + n)
+        if taken.intersection(block) or not all(port_free(p) for p in block):
+            continue
+        taken.update(block)
+        return base
