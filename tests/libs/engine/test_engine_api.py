@@ -82,9 +82,8 @@ def test_outputs_in_input_order_and_text_decodes(llm: LLM) -> None:
     tok = llm.get_tokenizer()
     for o in outs:
         c = o.outputs[0]
-        assert c.text == tok.decode(c.token_ids, skip_special_tokens=True).rstrip("\ufffd") or (
-            c.finish_reason == "stop"
-        )
+        # The streamed text is the whole decode, less a trailing incomplete character.
+        assert c.text == tok.decode(c.token_ids, skip_special_tokens=True).rstrip("\ufffd")
 
 
 def test_streaming_is_incremental_and_abort_frees_blocks(llm: LLM) -> None:
