@@ -232,7 +232,7 @@ class BlockManager:
 
     def check_integrity(self) -> None:
         """Raise AssertionError if tables, refcounts, free queue or hash index disagree."""
-        self.pool.check_integrity()
+        self.pool.check_integrity(counters=False)
         references = [0] * self.num_blocks
         for seq_id, seq in self._seqs.items():
             expected = cdiv(len(seq.token_ids), self.block_size)
@@ -252,6 +252,7 @@ class BlockManager:
                 raise AssertionError(
                     f"block {block_id}: refcount {refcount} but {count} table references"
                 )
+        self.pool.check_counters()
 
     def _check_seq_hashes(self, seq_id: str, seq: SequenceState) -> None:
         num_full = len(seq.token_ids) // self.block_size

@@ -50,6 +50,9 @@ class BlockPool:
         # hash -> whether it was indexed at the last drain, for every hash whose
         # presence differs from then; holds at most 2 * num_blocks entries.
         self._index_changes: dict[bytes, bool] = {}
+        # Kept up to date by every mutation so stats() never scans the pool.
+        self._num_cached = 0  # refcount 0 and indexed under its hash
+        self._num_shared = 0  # refcount > 1
 
     # ---------------------------------------------------------------- queries
 
@@ -65,11 +68,11 @@ class BlockPool:
     @property
     def num_cached_blocks(self) -> int:
         """Free blocks still findable by hash."""
-        return sum(1 for block_id in self._index.values() if self._refcounts[block_id] == 0)
+        return self._num_cached
 
     @property
     def num_shared_blocks(self) -> int:
-        return sum(1 for refcount in self._refcounts if refcount > 1)
+        return self._num_shared
 
     def refcount(self, block_id: int) -> int:
         self._check_id(block_id)
@@ -137,6 +140,7 @@ class BlockPool:
         if block_hash is not None:
             if self._index.get(block_hash) == block_id:
                 del self._index[block_hash]
+                self._num_cached -= 1
                 self.num_evictions += 1
                 self._record_index_change(block_hash, indexed=False)
             self._hashes[block_id] = None
@@ -148,7 +152,11 @@ class BlockPool:
         self._check_id(block_id)
         if self._refcounts[block_id] == 0:
             del self._free[block_id]
+            if self._is_indexed(block_id):
+                self._num_cached -= 1
         self._refcounts[block_id] += 1
+        if self._refcounts[block_id] == 2:
+            self._num_shared += 1
 
     def release(self, block_id: int) -> None:
         """Drop a reference; at 0 the block joins the back of the free queue."""
@@ -156,8 +164,12 @@ class BlockPool:
         if self._refcounts[block_id] == 0:
             raise ValueError(f"release: block {block_id} is already free")
         self._refcounts[block_id] -= 1
-        if self._refcounts[block_id] == 0:
+        if self._refcounts[block_id] == 1:
+            self._num_shared -= 1
+        elif self._refcounts[block_id] == 0:
             self._free[block_id] = None
+            if self._is_indexed(block_id):
+                self._num_cached += 1
 
     def release_tail_first(self, block_table: list[int]) -> list[int]:
         """Release a whole block table, last block first; returns the blocks now free.
@@ -191,6 +203,10 @@ class BlockPool:
             self._record_index_change(block_hash, indexed=True)
         return self._index[block_hash] == block_id
 
+    def _is_indexed(self, block_id: int) -> bool:
+        block_hash = self._hashes[block_id]
+        return block_hash is not None and self._index.get(block_hash) == block_id
+
     def _record_index_change(self, block_hash: bytes, *, indexed: bool) -> None:
         was_indexed = self._index_changes.get(block_hash)
         if was_indexed is None:
@@ -202,8 +218,8 @@ class BlockPool:
 
     # ------------------------------------------------------------- invariants
 
-    def check_integrity(self) -> None:
-        """Raise AssertionError when the queue, refcounts or index disagree."""
+    def check_integrity(self, counters: bool = True) -> None:
+        """Raise AssertionError when the queue, refcounts, index or counters disagree."""
         for block_id, refcount in enumerate(self._refcounts):
             if refcount < 0:
                 raise AssertionError(f"block {block_id} has refcount {refcount}")
@@ -214,6 +230,7 @@ class BlockPool:
                 )
         if len(self._free) + self.num_used_blocks != self.num_blocks:
             raise AssertionError("free + used blocks != total")
+
         for block_hash, block_id in self._index.items():
             if not 0 <= block_id < self.num_blocks:
                 raise AssertionError(f"hash index points at unknown block {block_id}")
@@ -228,6 +245,17 @@ class BlockPool:
         # A block holding a hash it is not indexed under is a duplicate: allowed,
         # as long as the index entry (if any) is another block with that hash,
         # which the loop above has checked.
+        if counters:
+            self.check_counters()
+
+    def check_counters(self) -> None:
+        """The running cached/shared counters equal a full recount."""
+        cached = sum(1 for b in self._index.values() if self._refcounts[b] == 0)
+        if cached != self._num_cached:
+            raise AssertionError(f"cached-block counter {self._num_cached} != {cached}")
+        shared = sum(1 for refcount in self._refcounts if refcount > 1)
+        if shared != self._num_shared:
+            raise AssertionError(f"shared-block counter {self._num_shared} != {shared}")
 
     def _check_id(self, block_id: int) -> None:
         if not 0 <= block_id < self.num_blocks:
