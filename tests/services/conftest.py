@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,14 +29,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from services.stack.ports import free_range
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
-    """A port that was free a moment ago (bind to 0, read, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A free port below the ephemeral range, where the kernel will not hand it to another
+    socket before the service binds it."""
+    return free_range(1, set())
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
