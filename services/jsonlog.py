@@ -64,7 +64,7 @@ def configure_logging(service: str, level: str = "info", quiet_stdlib: bool = Tr
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        cache_logger_on_first_use=False,  # lets structlog.testing.capture_logs see every logger
     )
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
