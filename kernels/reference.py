@@ -108,26 +108,39 @@ def paged_decode_attention(
     num_kv_heads = shape.cache.num_kv_heads
     group = shape.query_group_size
 
-    # Gather whole blocks up to the longest context: key_cache[block_ids] is one contiguous
-    # copy per block, far cheaper than a per-position gather. Blocks past a sequence's end
-    # read its first block (always valid); slots past its context (the tail of its last
-    # block and those stand-in blocks) are zeroed, because unused slots may hold anything,
-    # NaN included, and 0 * NaN is NaN even under a -inf mask.
+    # Gather whole blocks up to the longest context: index_select copies one contiguous
+    # block per row, far cheaper than a per-position gather. Unused slots may hold anything,
+    # NaN included, and 0 * NaN is NaN even under a -inf mask, so the slots past a
+    # sequence's context are zeroed in the copy: whole blocks past its last block (index_fill_
+    # by block) and the tail of its last block (at most block_size - 1 slots per sequence).
     block_size = shape.cache.block_size
-    num_blocks_used = -(-int(context_lens.max()) // block_size)
+    lens = context_lens.long()
+    num_blocks_used = -(-int(lens.max()) // block_size)
     max_len = num_blocks_used * block_size
-    block_ids = block_tables[:, :num_blocks_used].long()
+    seq_blocks = (lens + block_size - 1) // block_size
+    block_ids = block_tables[:, :num_blocks_used].long().reshape(-1)
     block_idx = torch.arange(num_blocks_used, device=query.device)
-    seq_blocks = (context_lens.long() + block_size - 1) // block_size
-    block_ids = torch.where(block_idx[None, :] < seq_blocks[:, None], block_ids, block_ids[:, :1])
+    past_end = (block_idx[None, :] >= seq_blocks[:, None]).reshape(-1).nonzero().squeeze(1)
+    slot_idx = torch.arange(block_size, device=query.device)
+    last_block_pos = (seq_blocks - 1)[:, None] * block_size + slot_idx[None, :]
+    seq_start = torch.arange(num_seqs, device=query.device)[:, None] * max_len
+    tail = (seq_start + last_block_pos)[last_block_pos >= lens[:, None]]
+    kv_row = num_kv_heads * head_dim
+
+    def gather(cache: torch.Tensor) -> torch.Tensor:
+        # returns [num_seqs, num_kv_heads, max_len, head_dim] float32 (a strided view)
+        rows = cache.index_select(0, block_ids).view(num_seqs * num_blocks_used, -1)
+        rows = rows.float() if rows.dtype != torch.float32 else rows
+        if past_end.numel():
+            rows.index_fill_(0, past_end, 0.0)
+        slots = rows.view(num_seqs * max_len, kv_row)
+        if tail.numel():
+            slots.index_fill_(0, tail, 0.0)
+        return slots.view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
+
+    keys, values = gather(key_cache), gather(value_cache)
     # is_valid: [num_seqs, max_len]
-    is_valid = torch.arange(max_len, device=query.device)[None, :] < context_lens[:, None]
-    # keys, values: [num_seqs, num_kv_heads, max_len, head_dim] (strided views, no copy)
-    keys = key_cache[block_ids].reshape(num_seqs, max_len, num_kv_heads, head_dim)
-    values = value_cache[block_ids].reshape(num_seqs, max_len, num_kv_heads, head_dim)
-    keep = is_valid[:, :, None, None]
-    keys = torch.where(keep, keys, 0).float().transpose(1, 2)
-    values = torch.where(keep, values, 0).float().transpose(1, 2)
+    is_valid = torch.arange(max_len, device=query.device)[None, :] < lens[:, None]
     # q: [num_seqs, num_kv_heads, group, head_dim]: the query heads that share a kv head
     # attend to the same keys, so each kv head is one batched SDPA call over its group.
     q = query.float().reshape(num_seqs, num_kv_heads, group, head_dim)

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 import structlog
+import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from quire.cluster import tls
@@ -84,7 +85,15 @@ class ExecutorServer:
         )
         self.identity = identity
         bind_global(executor_id=identity.executor_id)
-        log.info("loading model", model=s.model, epoch=identity.epoch, port=self.port)
+        if s.torch_threads:
+            torch.set_num_threads(s.torch_threads)
+        log.info(
+            "loading model",
+            model=s.model,
+            epoch=identity.epoch,
+            port=self.port,
+            torch_threads=torch.get_num_threads(),
+        )
         self.metrics = ExecutorMetrics(identity.model)
         engine = await asyncio.to_thread(self._build_engine, identity)
         self.engine = engine

@@ -65,6 +65,12 @@ class ExecutorSettings(BaseSettings):
     device: str = Field(default="auto", description="auto, cpu or cuda[:N]")
     dtype: str = Field(default="auto", description="auto, float32, bfloat16 or float16")
     seed: int = Field(default=0, description="default seed for unseeded random sampling")
+    torch_threads: int = Field(
+        default=0,
+        ge=0,
+        description="torch intra-op CPU threads (0: torch's default, one per core); several "
+        "executors on one machine should split its cores between them",
+    )
     metrics_port: int = Field(default=0, description="Prometheus /metrics port (0 disables)")
     drain_timeout_s: float = Field(
         default=300.0,

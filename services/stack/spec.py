@@ -30,6 +30,9 @@ class StackConfig:
     executor_base_metrics_port: int = 9161  # executor i serves /metrics on base + i
     num_executors: int = 2
     num_kv_blocks: int = 2048  # per executor
+    # torch CPU threads per executor; 0: this machine's cores split evenly between executors;
+    # -1: no flag, the executor's own setting (QUIRE_TORCH_THREADS, else torch's default)
+    executor_torch_threads: int = 0
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
     max_pending_total: int = 1024  # router admission: in-flight requests overall
     redis_prefix: str = "quire"
@@ -56,6 +59,15 @@ class StackConfig:
         return name if self.address_by_name else self.host
 
     @property
+    def torch_threads(self) -> int | None:
+        """Threads each executor runs torch with (None: left to the executor)."""
+        if self.executor_torch_threads < 0:
+            return None
+        if self.executor_torch_threads:
+            return self.executor_torch_threads
+        return max(1, (os.cpu_count() or 1) // max(1, self.num_executors))
+
+    @property
     def redis_url(self) -> str:
         return f"redis://{self.address('redis')}:{self.redis_port}/0"
 
@@ -70,6 +82,8 @@ CONTAINER_CONFIG = StackConfig(
     host="0.0.0.0",
     address_by_name=True,
     model="/models/quire-tiny",
+    # A container's core count is its own business: QUIRE_TORCH_THREADS in its environment.
+    executor_torch_threads=-1,
     python="python",
     redis_server="redis-server",
 )
@@ -165,6 +179,8 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
             "--metrics-port",
             str(c.executor_base_metrics_port + i),
         ]
+        if c.torch_threads is not None:
+            argv += ["--torch-threads", str(c.torch_threads)]
         if c.address_by_name:
             # Routers dial what the executor advertises; a container's hostname is not
             # its service name, so name it explicitly.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ def test_every_service_runs_the_stack_argv_and_env(
 
 
 def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
-    """The only differences from `make up`: bind 0.0.0.0, reach peers by service name."""
+    """The only differences from `make up`: bind 0.0.0.0, reach peers by service name, and
+    torch threads left to each container's environment."""
     c = CONTAINER_CONFIG
     local = {p.name: p.argv for p in stack_processes(LOCAL)}
     container = {p.name: p.argv for p in stack_processes(c)}
@@ -93,11 +95,22 @@ def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
             else:
                 expected.append(mapping.get(arg, arg))
         if name.startswith("executor-"):
+            threads = argv.index("--torch-threads")
+            assert int(argv[threads + 1]) >= 1
+            del expected[threads : threads + 2]
             port = argv[argv.index("--port") + 1]
             expected += ["--advertise-address", f"{name}:{port}"]
         assert container[name] == expected, name
     # Nothing in the container argv points at the loopback any more.
     assert not any("127.0.0.1" in arg for argv in container.values() for arg in argv)
+
+
+def test_local_executors_split_the_cores() -> None:
+    cores = os.cpu_count() or 1
+    assert StackConfig(num_executors=2).torch_threads == max(1, cores // 2)
+    assert StackConfig(num_executors=4 * cores).torch_threads == 1
+    assert StackConfig(executor_torch_threads=3).torch_threads == 3
+    assert CONTAINER_CONFIG.torch_threads is None
 
 
 def test_local_defaults_reach_everything_on_the_loopback() -> None:

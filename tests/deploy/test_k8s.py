@@ -7,6 +7,7 @@ custom resources (ServiceMonitor, ScaledObject) with the schemas in `crd_schemas
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,6 +96,14 @@ def container_env(container: Doc, configmaps: dict[str, dict[str, str]]) -> dict
             env[var["name"]] = expand(var["value"], env)
         elif "fieldRef" in var["valueFrom"]:
             env[var["name"]] = DOWNWARD[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        elif "resourceFieldRef" in var["valueFrom"]:
+            ref = var["valueFrom"]["resourceFieldRef"]
+            assert ref["containerName"] == container["name"], "a resource of another container"
+            kind, resource = ref["resource"].split(".")
+            # divisor 1 rounds the quantity up to whole units, as the kubelet does
+            quantity = container["resources"][kind][resource]
+            cores = int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+            env[var["name"]] = str(math.ceil(cores))
         else:
             ref = var["valueFrom"]["secretKeyRef"]
             assert (ref["name"], ref["key"]) == ("quire-redis", "password")
