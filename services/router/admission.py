@@ -4,11 +4,30 @@ Everything runs on one event loop, so a check followed by `acquire` with no `awa
 between cannot be raced. A request past a bound is refused at once (HTTP 429 with
 Retry-After) rather than queued: queues belong in the executors, where they are bounded by
 KV memory, and a client can back off or try another router replica.
+
+Admission is decided at the door. A generation request takes a `Ticket` before its body is
+parsed (services.router.gate); a ticket holds one place under the overall bound while the
+request is validated, tokenized and routed, and turns into its first executor slot. So when
+a slot frees, one waiting request gets it instead of many passing the door and all but one
+being refused after doing that work.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass
+class Ticket:
+    """A place under the overall bound, held from the door until the first executor slot."""
+
+    held: bool = True
+
+
+# The current request's ticket: set by the gate, consumed by the dispatcher.
+current_ticket: ContextVar[Ticket | None] = ContextVar("quire_admission_ticket", default=None)
 
 
 class Admission:
@@ -20,25 +39,50 @@ class Admission:
         self.max_pending_per_executor = max_pending_per_executor
         self.max_pending_total = max_pending_total
         self.num_pending = 0
+        self.num_entering = 0  # tickets: requests past the door, not yet holding a slot
         self._per_executor: Counter[str] = Counter()
 
     def pending(self, executor_id: str) -> int:
         return self._per_executor[executor_id]
 
-    def can_admit(self, num_requests: int = 1) -> bool:
-        """True when `num_requests` more fit under the overall bound."""
-        return self.num_pending + num_requests <= self.max_pending_total
+    @property
+    def num_taken(self) -> int:
+        """Places taken under the overall bound: slots and tickets."""
+        return self.num_pending + self.num_entering
+
+    def enter(self) -> Ticket | None:
+        """A ticket for one more request, or None when the overall bound is reached."""
+        if self.num_taken >= self.max_pending_total:
+            return None
+        self.num_entering += 1
+        return Ticket()
+
+    def leave(self, ticket: Ticket) -> None:
+        """Give back a ticket that never became a slot (the request failed or was refused)."""
+        if ticket.held:
+            ticket.held = False
+            self.num_entering -= 1
+
+    def can_admit(self, num_requests: int = 1, ticket: Ticket | None = None) -> bool:
+        """True when `num_requests` more fit under the overall bound (a ticket counts as one)."""
+        own = 1 if ticket is not None and ticket.held else 0
+        return self.num_taken - own + num_requests <= self.max_pending_total
 
     def full_executors(self) -> set[str]:
         """Executors at their own bound: routing must not pick them."""
         return {e for e, n in self._per_executor.items() if n >= self.max_pending_per_executor}
 
-    def try_acquire(self, executor_id: str) -> bool:
-        """Take one slot on `executor_id`; False (and nothing taken) when a bound is reached."""
-        if self.num_pending >= self.max_pending_total:
+    def try_acquire(self, executor_id: str, ticket: Ticket | None = None) -> bool:
+        """Take one slot on `executor_id`, turning a held ticket into it; False (and nothing
+        taken) when a bound is reached."""
+        use_ticket = ticket is not None and ticket.held
+        if not use_ticket and self.num_taken >= self.max_pending_total:
             return False
         if self._per_executor[executor_id] >= self.max_pending_per_executor:
             return False
+        if ticket is not None and use_ticket:
+            ticket.held = False
+            self.num_entering -= 1
         self.num_pending += 1
         self._per_executor[executor_id] += 1
         return True

@@ -141,6 +141,17 @@ class ExecutorDirectory:
     def _is_fresh(self) -> bool:
         return self._view is not None and time.monotonic() - self._view_at < self.cache_s
 
+    def cached_usable_executors(self) -> set[str]:
+        """Executors of the last view that can take work (not draining, not down), no I/O."""
+        if self._view is None:
+            return set()
+        down = self.down_executors()
+        return {
+            r.executor_id
+            for r in self._view.records
+            if not r.draining and r.executor_id not in down
+        }
+
     def down_executors(self) -> set[str]:
         """Executors marked down locally after UNAVAILABLE, still inside their pause."""
         now = time.monotonic()

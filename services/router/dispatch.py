@@ -17,7 +17,7 @@ import structlog
 
 from quire.cluster.routing import Candidate, RoutingConfig, RoutingDecision, choose_executor
 from quire.rpc import executor_pb2
-from services.router.admission import Admission
+from services.router.admission import Admission, current_ticket
 from services.router.cluster import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
@@ -111,9 +111,9 @@ class Dispatcher:
 
     def check_capacity(self, num_requests: int) -> None:
         """429 unless `num_requests` more executor requests fit under the overall bound."""
-        if not self.admission.can_admit(num_requests):
+        if not self.admission.can_admit(num_requests, current_ticket.get()):
             raise self.too_many(
-                f"the router has {self.admission.num_pending} requests in flight "
+                f"the router has {self.admission.num_taken} requests in flight or entering "
                 f"(limit {self.admission.max_pending_total}); retry later"
             )
 
@@ -168,7 +168,7 @@ class Dispatcher:
         tried: set[str] = set()
         for attempt in range(self.max_retries + 1):
             decision = await self.route(prompt_ids, block_hashes, tried)
-            if not self.admission.try_acquire(decision.executor_id):
+            if not self.admission.try_acquire(decision.executor_id, current_ticket.get()):
                 raise self.too_many("the chosen executor filled up meanwhile; retry later")
             self.metrics.in_flight.inc()
             call = self.clients.stub(decision.address).Generate(

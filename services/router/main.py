@@ -9,6 +9,7 @@ from fastapi import Depends, FastAPI
 
 from services.router.auth import ApiKeyMiddleware, ApiKeys
 from services.router.errors import install_error_handlers
+from services.router.gate import AdmissionGate
 from services.router.limits import BodyLimitMiddleware
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
 from services.router.ratelimit import RateLimiter, enforce_rate_limit
@@ -36,6 +37,14 @@ def create_app(settings: RouterSettings | None = None) -> FastAPI:
     app.state.router = state
     app.state.rate_limiter = rate_limiter
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    # Overload is refused before the body is read or parsed (after auth: 401 comes first).
+    app.add_middleware(
+        AdmissionGate,
+        admission=state.admission,
+        directory=state.directory,
+        metrics=metrics,
+        retry_after_s=settings.retry_after_s,
+    )
     # Outside the body limit, inside the request context: 401s get request ids and counts.
     app.add_middleware(ApiKeyMiddleware, keys=api_keys)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
