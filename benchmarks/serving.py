@@ -1,19 +1,25 @@
 """Online serving benchmark: Quire's stack beside `transformers serve` under Poisson load.
 
-    python -m benchmarks.serving [--model DIR] [--rates 1,2,4,8,16,32] [--num-prompts N]
-        [--input-len MEAN] [--output-len MEAN] [--slo-ttft-ms MS] [--slo-tpot-ms MS]
-        [--num-executors N] [--skip-baseline] [--skip-quire] [--seed S] [--out DIR] [--quick]
+    python -m benchmarks.serving [--model DIR] [--rates 0.5,1,1.5,2,3,4] [--num-prompts N]
+        [--input-len MEAN] [--output-len MEAN] [--shared-prefix-len N] [--num-shared-prefixes K]
+        [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--num-executors N] [--skip-baseline]
+        [--skip-quire] [--seed S] [--out DIR] [--quick]
 
 Both servers are started here on free ports and stopped afterwards: Quire with
 services.stack.runner.Stack (Redis, memory manager, executors, router) and the baseline with
 transformers' own OpenAI-compatible server (`transformers serve`, continuous batching on, via
 benchmarks.serving_hf, which only lets it load on the CPU without `accelerate`), both serving
-the same local checkpoint with HF_HUB_OFFLINE=1.
+the same local checkpoint with HF_HUB_OFFLINE=1. Quire runs --num-executors executors (default
+2) and the stack launcher gives each torch threads = CPU count // executors, so both systems
+use the whole machine.
 
 Load. For each request rate, --num-prompts streaming /v1/completions requests are sent at
 Poisson arrival times (exponential gaps with mean 1/rate, seeded). Prompts are text decoded
 from random token ids; prompt and output lengths are lognormal (sigma 0.9, means
---input-len / --output-len: ShareGPT's shape, scaled down for the CPU). Every system gets the
+--input-len / --output-len: ShareGPT's shape, scaled down for the CPU). With
+--shared-prefix-len N (vllm bench serve's --random-prefix-len: tenants' system prompts),
+--num-shared-prefixes K seeded prefixes of N random token ids are drawn and request i's prompt
+is prefix i % K followed by its own lognormal-length suffix. Every system gets the
 same prompts, arrival times and output lengths, and is asked for exactly that many tokens:
 Quire with `ignore_eos`, transformers with a `generation_config` that sets min_new_tokens
 (and, being a fresh config, no EOS). Output tokens are counted from each stream's usage.
@@ -21,12 +27,17 @@ Quire with `ignore_eos`, transformers with a `generation_config` that sets min_n
 Per request: TTFT (send to first text chunk), ITL (every gap between text chunks), e2e,
 output tokens and TPOT = (e2e - TTFT) / (output_tokens - 1). Per rate, as `vllm bench serve`
 reports them: request and output-token throughput, mean/median/p99 of TTFT, TPOT, ITL and e2e,
-and goodput (requests/s meeting both SLOs). The sustainable rate is where TTFT p99 crosses
-the TTFT SLO (see DEFINITIONS). Writes <out>/serving.json and <out>/serving.png.
+and goodput (requests/s meeting both SLOs). Each rate's SLO load is
+max(TTFT p99 / TTFT SLO, TPOT p99 / TPOT SLO), and the sustainable rate is where it crosses
+1.0: a scheduler that admits everything keeps TTFT low past capacity while TPOT explodes, so
+TTFT alone would call it sustainable (see DEFINITIONS). Writes <out>/serving.json and
+<out>/serving.png.
 
-The defaults take about 5-8 minutes on 2 cores. Both servers share the machine with this
-client, so a busy neighbour shows up as queueing: the JSON records the load average before
-and after the run; compare runs only at similar load.
+The defaults (models/quire-bench, 94M parameters, from `make model`; rates 0.5-4 req/s, 40
+requests each, prompts ~128 and outputs ~64 tokens on average) take about 10-15 minutes on 2
+cores. Both servers share the machine with this client, so a busy neighbour shows up as
+queueing: the JSON records the load average before and after the run; compare runs only at
+similar load.
 """
 
 from __future__ import annotations
@@ -55,23 +66,28 @@ REPO = Path(__file__).resolve().parents[1]
 LENGTH_SIGMA = 0.9  # lognormal sigma of prompt and output lengths (ShareGPT-like)
 FIRST_REGULAR_TOKEN_ID = 5  # ids 0-4 are special in the generated tokenizers
 REQUEST_TIMEOUT_S = 300.0
+SLO_LOAD_AXIS_MAX = 4.0  # the plot's SLO-load axis stops here; overload runs off the top
 
 DEFAULTS: dict[str, Any] = {
-    "model": "models/quire-tiny",
-    "rates": "1,2,4,8,16,32",
-    "num_prompts": 64,
-    "input_len": 64,
-    "output_len": 48,
-    "max_input_len": 256,
-    "max_output_len": 128,
-    # Single-stream quire-tiny on 2 cores: ~30 ms per token, a prefill well under 100 ms.
-    # A TTFT p99 of 1 s and a TPOT p99 of 150 ms leave room for queueing yet flag overload.
-    "slo_ttft_ms": 1000.0,
-    "slo_tpot_ms": 150.0,
+    "model": "models/quire-bench",
+    "rates": "0.5,1,1.5,2,3,4",
+    "num_prompts": 40,
+    "input_len": 128,
+    "output_len": 64,
+    "max_input_len": 512,
+    "max_output_len": 256,
+    "shared_prefix_len": 0,  # tokens of a tenant prefix before each prompt (0: none)
+    "num_shared_prefixes": 4,  # distinct tenant prefixes, request i gets prefix i % K
+    # The same targets for both systems; sized for quire-bench on 2 cores, where a TTFT p99
+    # of 2 s and a TPOT p99 of 300 ms leave room for queueing yet flag overload.
+    "slo_ttft_ms": 2000.0,
+    "slo_tpot_ms": 300.0,
     "warmup": 4,
+    "num_executors": 2,
 }
 
-# --quick: the smoke test's settings (tiny model, two low rates, a few short requests).
+# --quick: the smoke test's settings (tiny model, two low rates, a few short requests, one
+# executor so the stack starts fast).
 QUICK: dict[str, Any] = {
     "model": "models/quire-tiny",
     "rates": "1,2",
@@ -81,6 +97,7 @@ QUICK: dict[str, Any] = {
     "max_input_len": 32,
     "max_output_len": 16,
     "warmup": 1,
+    "num_executors": 1,
 }
 
 DEFINITIONS = {
@@ -91,12 +108,17 @@ DEFINITIONS = {
     "request_throughput": "completed requests / seconds from the first send to the last finish",
     "output_throughput": "output tokens (stream usage) / the same seconds",
     "goodput": "completed requests with TTFT <= slo_ttft_ms and TPOT <= slo_tpot_ms, per second",
-    "sustainable_rate": "the request rate at which TTFT p99 crosses slo_ttft_ms, linearly "
-    "interpolated between the tested rates around the first crossing; the highest tested rate "
-    "(a lower bound, censored=true) if it never crosses; 0 if it is over at the lowest rate",
-    "max_rate_under_slo": "the highest tested rate whose TTFT p99 is under slo_ttft_ms (and every "
-    "lower tested rate's too)",
-    "sustainable_rate_ratio": "Quire sustainable_rate / baseline sustainable_rate",
+    "slo_load": "per rate, max(TTFT p99 / slo_ttft_ms, TPOT p99 / slo_tpot_ms); infinite (null "
+    "in the JSON) when any request failed or a p99 is missing; <= 1 means both SLOs are met",
+    "sustainable_rate": "the request rate at which slo_load crosses 1.0, linearly interpolated "
+    "in slo_load between the first tested rate over 1 and the rate before it (that rate itself "
+    "if its load is infinite); the highest tested rate (a lower bound, censored=true) if it "
+    "never crosses; 0 if it is over at the lowest rate. Both SLOs are the same for both systems",
+    "max_rate_under_slo": "the highest tested rate whose slo_load is <= 1 (and every lower tested "
+    "rate's too)",
+    "sustainable_rate_ratio": "Quire sustainable_rate / baseline sustainable_rate: how much more "
+    "load Quire sustains at the same TTFT p99 and TPOT p99 targets; "
+    "sustainable_rate_ratio_note says when it is only a bound",
 }
 
 
@@ -106,7 +128,7 @@ DEFINITIONS = {
 @dataclass(frozen=True)
 class Request:
     prompt: str
-    prompt_len: int  # token ids drawn (the server's count is in the results)
+    prompt_len: int  # token ids drawn, any shared prefix included (the server's count differs)
     output_len: int
 
 
@@ -118,8 +140,20 @@ def lognormal_lengths(
     return [int(v) for v in np.clip(np.round(values), low, high)]
 
 
+def shared_prefix_ids(
+    vocab_size: int, num_prefixes: int, length: int, seed: int
+) -> list[list[int]]:
+    """The tenants' prefixes: num_prefixes seeded lists of random regular token ids."""
+    # A stream of their own: the suffixes and lengths stay those of the same seed without them.
+    rng = np.random.default_rng([seed, 1])
+    return [
+        rng.integers(FIRST_REGULAR_TOKEN_ID, vocab_size, length).tolist()
+        for _ in range(num_prefixes)
+    ]
+
+
 def make_requests(model_dir: Path, n: int, args: argparse.Namespace, seed: int) -> list[Request]:
-    """Seeded prompts (text of random token ids) and output lengths."""
+    """Seeded prompts (text of random token ids, after prefix i % K if any) and output lengths."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -127,10 +161,18 @@ def make_requests(model_dir: Path, n: int, args: argparse.Namespace, seed: int) 
     rng = np.random.default_rng(seed)
     prompt_lens = lognormal_lengths(rng, args.input_len, n, 4, args.max_input_len)
     output_lens = lognormal_lengths(rng, args.output_len, n, 2, args.max_output_len)
+    prefix_len = args.shared_prefix_len
+    prefixes = [""]
+    if prefix_len > 0:
+        # Decoded once, so every request of a tenant starts with the very same text.
+        # The tenants' prompts outlive any one batch of requests: drawn from the run's seed.
+        ids = shared_prefix_ids(vocab, args.num_shared_prefixes, prefix_len, args.seed)
+        prefixes = [tokenizer.decode(p) for p in ids]
     requests = []
-    for p, o in zip(prompt_lens, output_lens, strict=True):
+    for i, (p, o) in enumerate(zip(prompt_lens, output_lens, strict=True)):
         ids = rng.integers(FIRST_REGULAR_TOKEN_ID, vocab, p).tolist()
-        requests.append(Request(tokenizer.decode(ids), p, o))
+        prompt = prefixes[i % len(prefixes)] + tokenizer.decode(ids)
+        requests.append(Request(prompt, prefix_len + p, o))
     return requests
 
 
@@ -281,6 +323,14 @@ def stats_ms(values: list[float]) -> dict[str, float | None]:
     }
 
 
+def slo_load(run: dict[str, Any], slo_ttft_ms: float, slo_tpot_ms: float) -> float:
+    """max(TTFT p99 / its SLO, TPOT p99 / its SLO); inf if a request failed or a p99 is missing."""
+    ttft, tpot = run["ttft_ms"]["p99"], run["tpot_ms"]["p99"]
+    if run["failed"] or ttft is None or tpot is None:
+        return math.inf
+    return max(float(ttft) / slo_ttft_ms, float(tpot) / slo_tpot_ms)
+
+
 def summarize(
     results: list[Result], duration: float, rate: float, slo_ttft_ms: float, slo_tpot_ms: float
 ) -> dict[str, Any]:
@@ -293,7 +343,7 @@ def summarize(
     ]
     output_tokens = sum(r.output_tokens for r in ok)
     errors = sorted({r.error for r in results if not r.success})
-    return {
+    run = {
         "request_rate": rate,
         "num_prompts": len(results),
         "completed": len(ok),
@@ -310,25 +360,29 @@ def summarize(
         "itl_ms": stats_ms([g for r in ok for g in r.itl]),
         "e2el_ms": stats_ms([r.e2e for r in ok]),
     }
+    load = slo_load(run, slo_ttft_ms, slo_tpot_ms)
+    run["slo_load"] = None if math.isinf(load) else load  # JSON has no infinity
+    return run
 
 
-def sustainable_rate(runs: list[dict[str, Any]], slo_ttft_ms: float) -> dict[str, Any]:
-    """Where TTFT p99 crosses the SLO (see DEFINITIONS)."""
+def sustainable_rate(
+    runs: list[dict[str, Any]], slo_ttft_ms: float, slo_tpot_ms: float
+) -> dict[str, Any]:
+    """Where the SLO load crosses 1.0 (see DEFINITIONS)."""
 
-    def p99(run: dict[str, Any]) -> float:
-        value = run["ttft_ms"]["p99"]
-        return math.inf if value is None or run["failed"] else float(value)
+    def load(run: dict[str, Any]) -> float:
+        return slo_load(run, slo_ttft_ms, slo_tpot_ms)
 
     runs = sorted(runs, key=lambda r: r["request_rate"])
     below = 0.0
     max_under = 0.0
     for i, run in enumerate(runs):
-        if p99(run) > slo_ttft_ms:
+        if load(run) > 1.0:
             if i == 0:
                 return {"rate": 0.0, "censored": False, "max_rate_under_slo": 0.0}
             prev = runs[i - 1]
-            lo, hi = p99(prev), p99(run)
-            frac = 1.0 if math.isinf(hi) else (slo_ttft_ms - lo) / (hi - lo)
+            lo, hi = load(prev), load(run)
+            frac = 1.0 if math.isinf(hi) else (1.0 - lo) / (hi - lo)
             rate = prev["request_rate"] + frac * (run["request_rate"] - prev["request_rate"])
             return {"rate": rate, "censored": False, "max_rate_under_slo": max_under}
         below = max_under = run["request_rate"]
@@ -439,9 +493,11 @@ def bench_system(
         if not r.success:
             raise RuntimeError(f"{server.name} warmup request failed: {r.error}")
     warmup_s = time.perf_counter() - t
-    requests = make_requests(model_dir, args.num_prompts, args, args.seed)
     runs = []
     for i, rate in enumerate(rates):
+        # Fresh prompts at every rate (the same for every system): reusing them would let the
+        # prefix caches of both servers answer later rates from memory.
+        requests = make_requests(model_dir, args.num_prompts, args, args.seed + 100 * i)
         results, duration = asyncio.run(
             run_rate(server, requests, rate, args.seed + 1000 + i, f"{server.name} {rate:g} req/s")
         )
@@ -452,7 +508,7 @@ def bench_system(
         "status": "ok",
         "warmup_s": warmup_s,
         "runs": runs,
-        "sustainable": sustainable_rate(runs, args.slo_ttft_ms),
+        "sustainable": sustainable_rate(runs, args.slo_ttft_ms, args.slo_tpot_ms),
     }
 
 
@@ -466,7 +522,7 @@ async def _gather_warmup(server: Server, requests: list[Request]) -> list[Result
 
 HEADER = (
     f"{'system':<13}{'rate':>6}{'done':>6}{'req/s':>8}{'tok/s':>8}{'good/s':>8}"
-    f"{'TTFT mean/med/p99 ms':>24}{'TPOT mean/med/p99 ms':>24}{'ITL p99':>9}"
+    f"{'TTFT mean/med/p99 ms':>24}{'TPOT mean/med/p99 ms':>24}{'ITL p99':>9}{'load':>7}"
 )
 
 
@@ -474,12 +530,12 @@ def row(name: str, run: dict[str, Any]) -> str:
     def triple(s: dict[str, float | None]) -> str:
         return "/".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("mean", "median", "p99"))
 
-    itl = run["itl_ms"]["p99"]
+    itl, load = run["itl_ms"]["p99"], run["slo_load"]
     return (
         f"{name:<13}{run['request_rate']:>6g}{run['completed']:>6}"
         f"{run['request_throughput']:>8.2f}{run['output_throughput']:>8.1f}{run['goodput']:>8.2f}"
         f"{triple(run['ttft_ms']):>24}{triple(run['tpot_ms']):>24}"
-        f"{'-' if itl is None else f'{itl:.0f}':>9}"
+        f"{'-' if itl is None else f'{itl:.0f}':>9}{'inf' if load is None else f'{load:.2f}':>7}"
     )
 
 
@@ -494,24 +550,74 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ("TPOT p99 (ms)", lambda r: r["tpot_ms"]["p99"], results["slo"]["tpot_ms"]),
         ("output tokens/s", lambda r: r["output_throughput"], None),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, (label, get, slo) in zip(axes, panels, strict=True):
+    # One colour per system across all panels.
+    colors = {name: f"C{i}" for i, name in enumerate(results["systems"])}
+    fig, grid = plt.subplots(2, 2, figsize=(13, 9))
+    axes = list(grid.flat)
+    for ax, (label, get, slo) in zip(axes, panels, strict=False):
         for name, system in results["systems"].items():
             runs = system.get("runs") or []
             pts = [(r["request_rate"], get(r)) for r in runs if get(r) is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+                ax.plot(*zip(*pts, strict=True), marker="o", color=colors[name], label=name)
         if slo is not None:
             ax.axhline(slo, color="grey", linestyle="--", label=f"SLO {slo:g} ms")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(label)
+    plot_slo_load(axes[3], results, colors)
+    rates = results["config"]["rates"]
+    for ax in axes:
+        # Linear in rate, as the sustainable rate's interpolation is.
+        ax.set_xticks(rates, [f"{r:g}" for r in rates])
+        ax.set_xlabel("request rate (req/s)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"Serving under Poisson load: {results['config']['model']}")
+    config = results["config"]
+    title = f"Serving under Poisson load: {config['model']}"
+    if config["shared_prefix_len"] > 0:
+        title += (
+            f", shared prefix {config['shared_prefix_len']} tokens"
+            f" x {config['num_shared_prefixes']} tenants"
+        )
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_slo_load(ax: Any, results: dict[str, Any], colors: dict[str, str]) -> None:
+    """SLO load per rate, the 1.0 line, and each system's sustainable rate (dotted)."""
+    import matplotlib.transforms as mtransforms
+
+    # Infinite loads (failed requests) are crosses along the top edge.
+    top = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+    for name, system in results["systems"].items():
+        runs = system.get("runs") or []
+        finite = [(r["request_rate"], r["slo_load"]) for r in runs if r["slo_load"] is not None]
+        color = colors[name]
+        if finite:
+            ax.plot(*zip(*finite, strict=True), marker="o", color=color, label=name)
+        failed = [r["request_rate"] for r in runs if r["slo_load"] is None]
+        if failed:
+            ax.plot(failed, [0.97] * len(failed), "x", color=color, transform=top, clip_on=False)
+        sustainable = system.get("sustainable")
+        if not sustainable:
+            continue
+        if sustainable["rate"] > 0:
+            bound = ">= " if sustainable["censored"] else ""
+            label = f"{name} sustainable {bound}{sustainable['rate']:.2f} req/s"
+            ax.axvline(sustainable["rate"], color=color, linestyle=":", label=label)
+            if not sustainable["censored"]:
+                ax.plot([sustainable["rate"]], [1.0], "*", color=color, markersize=12)
+        else:  # 0 lies left of every tested rate: the legend says it
+            ax.plot([], [], " ", label=f"{name} sustainable 0: over at the lowest rate")
+    ax.axhline(1.0, color="grey", linestyle="--", label="SLO load 1")
+    # Linear, as the interpolation is (the star sits on the segment); an overloaded system's
+    # load runs off the top rather than squashing the region around 1.
+    loads = [r["slo_load"] for sys_ in results["systems"].values() for r in sys_.get("runs") or []]
+    highest = max([load for load in loads if load is not None] + [1.0])
+    ax.set_ylim(0.0, min(highest * 1.1, SLO_LOAD_AXIS_MAX))
+    cut = f", cut at {SLO_LOAD_AXIS_MAX:g}" if highest * 1.1 > SLO_LOAD_AXIS_MAX else ""
+    ax.set_ylabel(f"SLO load: max(TTFT p99 / SLO, TPOT p99 / SLO){cut}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -523,10 +629,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output-len", type=float, help="mean output length (tokens)")
     p.add_argument("--max-input-len", type=int)
     p.add_argument("--max-output-len", type=int)
+    p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        help="tokens of a shared tenant prefix before each prompt (default 0: none)",
+    )
+    p.add_argument(
+        "--num-shared-prefixes",
+        type=int,
+        help=f"distinct shared prefixes; request i gets prefix i %% K "
+        f"(default {DEFAULTS['num_shared_prefixes']})",
+    )
     p.add_argument("--slo-ttft-ms", type=float, default=DEFAULTS["slo_ttft_ms"])
     p.add_argument("--slo-tpot-ms", type=float, default=DEFAULTS["slo_tpot_ms"])
     p.add_argument("--warmup", type=int, help="warmup requests per system (not measured)")
-    p.add_argument("--num-executors", type=int, default=1, help="Quire executors")
+    p.add_argument(
+        "--num-executors",
+        type=int,
+        help=f"Quire executors (default {DEFAULTS['num_executors']}; --quick: 1)",
+    )
     p.add_argument("--skip-baseline", action="store_true", help="no transformers serve")
     p.add_argument("--skip-quire", action="store_true")
     p.add_argument("--seed", type=int, default=0)
@@ -537,6 +658,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for key, value in preset.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
+    if args.shared_prefix_len < 0:
+        p.error("--shared-prefix-len must be >= 0")
+    if args.num_shared_prefixes < 1:
+        p.error("--num-shared-prefixes must be >= 1")
     return args
 
 
@@ -575,13 +700,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ratio = qs["rate"] / bs["rate"]
             ratio_note = "exact"
             if qs["censored"] and not bs["censored"]:
-                ratio_note = "lower bound: Quire stayed under the SLO at every tested rate"
+                ratio_note = (
+                    "lower bound: Quire's SLO load stayed <= 1 at every tested rate, so its "
+                    "sustainable rate is at least the highest one; raise --rates"
+                )
             elif bs["censored"] and not qs["censored"]:
-                ratio_note = "upper bound: the baseline stayed under the SLO at every tested rate"
+                ratio_note = "upper bound: the baseline's SLO load stayed <= 1 at every tested rate"
             elif qs["censored"] and bs["censored"]:
-                ratio_note = "both stayed under the SLO at every tested rate: raise --rates"
+                ratio_note = (
+                    "not a measurement: both systems' SLO load stayed <= 1 at every tested "
+                    "rate; raise --rates"
+                )
         else:
-            ratio_note = "the baseline is over the SLO at the lowest tested rate: lower --rates"
+            ratio_note = (
+                "undefined: the baseline's SLO load is over 1 at the lowest tested rate; "
+                "lower --rates"
+            )
     results: dict[str, Any] = {
         "config": {
             "model": str(
@@ -593,6 +727,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "output_len_mean": args.output_len,
             "max_input_len": args.max_input_len,
             "max_output_len": args.max_output_len,
+            "shared_prefix_len": args.shared_prefix_len,
+            "num_shared_prefixes": args.num_shared_prefixes,
             "length_sigma": LENGTH_SIGMA,
             "warmup": args.warmup,
             "seed": args.seed,
@@ -603,8 +739,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "slo": {
             "ttft_ms": args.slo_ttft_ms,
             "tpot_ms": args.slo_tpot_ms,
-            "note": "defaults sized for quire-tiny on 2 CPU cores (~30 ms per decode token "
-            "single-stream); override with --slo-ttft-ms / --slo-tpot-ms",
+            "note": "the same TTFT p99 and TPOT p99 targets for both systems; defaults sized "
+            "for quire-bench on 2 CPU cores; override with --slo-ttft-ms / --slo-tpot-ms",
         },
         "systems": systems,
         "sustainable_rate_ratio": ratio,
@@ -634,8 +770,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             s = system["sustainable"]
             bound = ">= " if s["censored"] else ""
             print(
-                f"{name}: sustainable rate (TTFT p99 <= {args.slo_ttft_ms:g} ms) {bound}"
-                f"{s['rate']:.2f} req/s; highest tested rate under it {s['max_rate_under_slo']:g}"
+                f"{name}: sustainable rate (SLO load = max(TTFT p99 / {args.slo_ttft_ms:g} ms, "
+                f"TPOT p99 / {args.slo_tpot_ms:g} ms) <= 1) {bound}{s['rate']:.2f} req/s; "
+                f"highest tested rate under it {s['max_rate_under_slo']:g}"
             )
     shown = "n/a" if ratio is None else f"{ratio:.2f}"
     print(f"sustainable rate ratio quire / transformers: {shown} ({ratio_note})")
