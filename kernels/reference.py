@@ -102,18 +102,75 @@ def paged_decode_attention(
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     _check_block_ids(block_tables, shape.cache.num_blocks)
     _check_context_lens(context_lens, 1, "1", shape)
-    num_seqs, num_heads, head_dim = query.shape
-    if num_seqs == 0:
+    if query.shape[0] == 0:
         return query.new_empty(query.shape)
-    num_kv_heads = shape.cache.num_kv_heads
-    group = shape.query_group_size
+    # Sequences are padded to the longest one in their call, so very different lengths are
+    # split into groups of similar length (a few calls, longest first).
+    groups = _length_groups(context_lens, shape.cache.block_size)
+    if len(groups) == 1:
+        return _decode_padded(
+            query, key_cache, value_cache, block_tables, context_lens, scale, shape.query_group_size
+        )
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    for rows in groups:
+        out[rows] = _decode_padded(
+            query[rows],
+            key_cache,
+            value_cache,
+            block_tables[rows],
+            context_lens[rows],
+            scale,
+            shape.query_group_size,
+        )
+    return out
+
+
+# A group's padded work (members x its longest context) may be at most this many times the
+# blocks it really attends to before the next shorter sequence starts a group of its own.
+_MAX_PADDING_RATIO = 1.5
+_MAX_GROUPS = 4  # each group is a call of its own: past this, the last one takes the rest
+
+
+def _length_groups(context_lens: torch.Tensor, block_size: int) -> list[torch.Tensor]:
+    """Row indices of sequences with similar block counts, longest first."""
+    num_blocks = (context_lens.long() + block_size - 1) // block_size
+    order = torch.argsort(num_blocks, descending=True)
+    counts = num_blocks[order].tolist()
+    groups: list[torch.Tensor] = []
+    start, total = 0, 0
+    for i, n in enumerate(counts):
+        # counts[start] is the group's longest: would taking this one pad too much?
+        padded = counts[start] * (i - start + 1)
+        if (
+            i > start
+            and len(groups) < _MAX_GROUPS - 1
+            and padded > _MAX_PADDING_RATIO * (total + n)
+        ):
+            groups.append(order[start:i])
+            start, total = i, 0
+        total += n
+    groups.append(order[start:])
+    return groups
+
+
+def _decode_padded(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    group: int,
+) -> torch.Tensor:
+    """paged_decode_attention for checked inputs, every sequence padded to the longest."""
+    num_seqs, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
 
     # Gather whole blocks up to the longest context: index_select copies one contiguous
     # block per row, far cheaper than a per-position gather. Unused slots may hold anything,
     # NaN included, and 0 * NaN is NaN even under a -inf mask, so the slots past a
     # sequence's context are zeroed in the copy: whole blocks past its last block (index_fill_
     # by block) and the tail of its last block (at most block_size - 1 slots per sequence).
-    block_size = shape.cache.block_size
     lens = context_lens.long()
     num_blocks_used = -(-int(lens.max()) // block_size)
     max_len = num_blocks_used * block_size

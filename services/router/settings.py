@@ -62,6 +62,12 @@ class RouterSettings(BaseSettings):
         ge=1,
         description="load ratio to the least loaded before a prefix bonus is capped",
     )
+    routing_max_hash_load_gap: int = Field(
+        default=1,
+        ge=0,
+        description="requests above the least loaded before an uncached prompt's consistent-"
+        "hash choice gives way to the least loaded executor",
+    )
     memory_manager: str = Field(
         default="127.0.0.1:50051",
         description="memory manager host:port that /dashboard reads block states from ('' = none)",

@@ -56,6 +56,7 @@ class RouterState:
             block_size=settings.block_size,
             max_load_gap=settings.routing_max_load_gap,
             max_load_ratio=settings.routing_max_load_ratio,
+            max_hash_load_gap=settings.routing_max_hash_load_gap,
         )
         dispatcher = Dispatcher(
             directory,

@@ -175,12 +175,18 @@ def test_requests_without_shared_prefix_are_the_lognormal_lengths(tiny: Path) ->
     args = args_for()
     assert args.shared_prefix_len == 0
     requests = bench.make_requests(tiny, 12, args, seed=7)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(args.seed)
     prompt_lens = bench.lognormal_lengths(rng, args.input_len, 12, 4, args.max_input_len)
     output_lens = bench.lognormal_lengths(rng, args.output_len, 12, 2, args.max_output_len)
     assert [r.prompt_len for r in requests] == prompt_lens
     assert [r.output_len for r in requests] == output_lens
     assert requests == bench.make_requests(tiny, 12, args, seed=7)
+    # Another rate: the same lengths, other prompts.
+    other = bench.make_requests(tiny, 12, args, seed=8)
+    assert [(r.prompt_len, r.output_len) for r in other] == list(
+        zip(prompt_lens, output_lens, strict=True)
+    )
+    assert all(a.prompt != b.prompt for a, b in zip(requests, other, strict=True))
 
 
 def test_requests_with_shared_prefixes(tiny: Path) -> None:

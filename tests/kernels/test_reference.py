@@ -263,3 +263,18 @@ def test_copy_blocks_rejects_overlapping_pairs(
     block_mapping = torch.tensor(pairs, device=device)
     with pytest.raises(ValueError, match=message):
         reference.copy_blocks(caches, [caches[0].clone()], block_mapping)
+
+
+def test_decode_groups_sequences_of_similar_length() -> None:
+    lens = torch.tensor([130, 1, 17, 120, 15, 64, 16, 65, 33, 2000], dtype=torch.int32)
+    groups = reference._length_groups(lens, 16)
+    rows = torch.cat(groups).tolist()
+    assert sorted(rows) == list(range(len(lens)))  # every sequence exactly once
+    assert 1 < len(groups) <= reference._MAX_GROUPS
+    blocks = [(-(-lens[g].long() // 16)).tolist() for g in groups]
+    assert blocks[0] == [125]  # the outlier does not pad everyone else to 2000 tokens
+    assert [max(b) for b in blocks] == sorted((max(b) for b in blocks), reverse=True)
+    for b in blocks[:-1]:  # all but the catch-all last group keep padding in bounds
+        assert max(b) * len(b) <= reference._MAX_PADDING_RATIO * sum(b)
+    same = torch.tensor([40, 33, 48, 35], dtype=torch.int32)
+    assert len(reference._length_groups(same, 16)) == 1

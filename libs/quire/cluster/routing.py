@@ -10,8 +10,9 @@ turns that into one choice and the reason for it:
                      first block hash (or of the token ids of a prompt shorter than a block)
                      sends every sibling of a new prefix to the same executor, which then
                      caches it for the rest of the burst.
-``load_balance``     the load-aware pick overrode affinity: the consistent-hash choice was
-                     overloaded, or a lightly loaded executor out-scored the prefix holders.
+``load_balance``     the load-aware pick overrode affinity: the consistent-hash choice had
+                     more than `max_hash_load_gap` requests above the least-loaded executor,
+                     or a lightly loaded executor out-scored the prefix holders.
 ``prefix_capped``    the prefix is cached only on executors too loaded to take more (their
                      load exceeds the least-loaded one's by more than the gap and the ratio
                      of `RoutingConfig`), so the request goes to the least-loaded one instead.
@@ -43,6 +44,9 @@ class RoutingConfig:
     kv_cost_tokens: float = 64.0  # score cost of a full KV cache (scaled by the used fraction)
     max_load_gap: int = 4  # an executor this many requests above the least loaded ...
     max_load_ratio: float = 2.0  # ... and this many times its load loses its prefix bonus
+    # A prompt nobody caches goes by consistent hash unless that executor has more than this
+    # many requests above the least loaded one; then it goes to the least loaded.
+    max_hash_load_gap: int = 1
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -51,6 +55,8 @@ class RoutingConfig:
             raise ValueError("load_cost_tokens and kv_cost_tokens must be >= 0")
         if self.max_load_gap < 0:
             raise ValueError(f"max_load_gap must be >= 0, got {self.max_load_gap}")
+        if self.max_hash_load_gap < 0:
+            raise ValueError(f"max_hash_load_gap must be >= 0, got {self.max_hash_load_gap}")
         if self.max_load_ratio < 1:
             raise ValueError(f"max_load_ratio must be >= 1, got {self.max_load_ratio}")
 
@@ -148,8 +154,10 @@ def choose_executor(
         else:
             reason = "prefix_capped"
         return _decision(best, reason, cached_tokens(best))
+    # Nobody caches this prompt: no bonus to weigh, so hashing only decides between
+    # executors that are about equally loaded.
     top = max(eligible, key=lambda c: rank[c.executor_id])
-    if top.executor_id in open_ids:
+    if top.load - least_load <= config.max_hash_load_gap:
         return _decision(top, "consistent_hash", 0)
     best = max(open_, key=lambda c: (-c.load, -c.kv_usage, rank[c.executor_id]))
     return _decision(best, "load_balance", 0)

@@ -151,6 +151,22 @@ def test_overloaded_consistent_hash_target_falls_back_to_least_loaded() -> None:
     assert d is not None and (d.executor_id, d.reason) == ("ex-b", "load_balance")
 
 
+def test_new_prompt_hashes_only_between_equally_loaded_executors() -> None:
+    # ex-c is the HRW choice; one request above the least loaded it still gets the prompt ...
+    d = choose([cand("ex-a", running=1), cand("ex-b", running=1), cand("ex-c", running=2)])
+    assert d is not None and (d.executor_id, d.reason) == ("ex-c", "consistent_hash")
+    # ... two above, the prompt (with no cache to protect) goes to the least loaded.
+    d = choose([cand("ex-a", running=1), cand("ex-b", running=0), cand("ex-c", running=2)])
+    assert d is not None and (d.executor_id, d.reason) == ("ex-b", "load_balance")
+    d = choose(
+        [cand("ex-a", running=1), cand("ex-b"), cand("ex-c", running=2)],
+        config=RoutingConfig(max_hash_load_gap=2),
+    )
+    assert d is not None and (d.executor_id, d.reason) == ("ex-c", "consistent_hash")
+    with pytest.raises(ValueError):
+        RoutingConfig(max_hash_load_gap=-1)
+
+
 def test_draining_and_excluded_are_never_chosen() -> None:
     d = choose([cand("ex-a"), cand("ex-b"), cand("ex-c", cached=2, draining=True)])
     assert d is not None and (d.executor_id, d.reason) == ("ex-b", "consistent_hash")
