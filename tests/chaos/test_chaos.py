@@ -12,10 +12,17 @@ from typing import Any
 
 import pytest
 
-from benchmarks.chaos import FAULTS, Plan, make_config, soak, with_stack
+from benchmarks.chaos import FAULTS, Plan, make_config, overload, soak, with_stack
 
 # Small counts: the whole module stays within ~90 s on two cores.
-PLAN = Plan(concurrency=3, before_s=0.8, after_s=1.6, soak_requests=24, overload_s=2.0)
+PLAN = Plan(
+    concurrency=3,
+    before_s=0.8,
+    after_s=1.6,
+    soak_requests=24,
+    overload_s=2.0,
+    unloaded_samples=6,
+)
 
 
 def assert_clean(result: dict[str, Any]) -> None:
@@ -67,3 +74,13 @@ def test_soak_frees_every_block(tmp_path: Path) -> None:
         assert pool["used"] == 0 and pool["consistent"], pool
         assert pool["total"] == pool["free"] + pool["cached"], pool
     assert result["dead_executor_record_gone"]
+
+
+def test_overload_refuses_with_429_and_loses_nothing(tmp_path: Path) -> None:
+    config = make_config(max_pending_per_executor=2, max_pending_total=4)
+    result = asyncio.run(with_stack(config, tmp_path, lambda s: overload(s, PLAN)))
+    assert_clean(result)
+    # Ten times what the bound sustains: most are refused, every refusal a 429 at once.
+    assert result["rejected_429"] > result["completed"], result
+    assert result["failed_clean"] == result["rejected_429"], result
+    assert result["admission_bound"] == 4
