@@ -113,9 +113,10 @@ gpu-check: $(STAMP)
 clean:
 	rm -rf $(VENV) models bench/results libs/quire/rpc .run
 
-# Online serving benchmark: Quire's stack and `transformers serve` under Poisson load (5-8 min).
+# Online serving benchmark: Quire's stack and `transformers serve` under Poisson load (~17 min;
+# BENCH_SERVING_ARGS passes options, e.g. --shared-prefix-len 256).
 bench-serving: model redis $(RPC_STAMP)
-	$(PY) -m benchmarks.serving
+	$(PY) -m benchmarks.serving $(BENCH_SERVING_ARGS)
 
 # Fault injection (kill/restart each process under load), a KV-leak soak and overload, each on
 # its own fresh stack; writes bench/results/chaos.json, fails on any hung/lost request or leak.
