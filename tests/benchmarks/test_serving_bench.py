@@ -78,6 +78,7 @@ def test_quire_runs_are_sane(results: dict) -> None:
             s = run[key]
             assert 0 < s["median"] <= s["p99"] + 1e-9, (key, s)
         assert run["ttft_ms"]["p99"] <= run["e2el_ms"]["p99"] + 1e-9
+        assert 0 <= run["prefix_cache_hit_rate"] <= 1  # Quire reports cached prompt tokens
         assert run["slo_load"] == pytest.approx(
             max(
                 run["ttft_ms"]["p99"] / results["slo"]["ttft_ms"],
@@ -146,6 +147,14 @@ def test_sustainable_rate_with_failed_requests_takes_the_failing_rate() -> None:
     assert s == {"rate": 4.0, "censored": False, "max_rate_under_slo": 2}
     s = sustainable([run(1, 100, 150), run(2, 200, None), run(4, 300, 250)])
     assert s == {"rate": 2.0, "censored": False, "max_rate_under_slo": 1}
+
+
+def test_prefix_cache_hit_rate_counts_only_what_the_server_reports() -> None:
+    hit = bench.Result(success=True, prompt_tokens=100, cached_tokens=64)
+    miss = bench.Result(success=True, prompt_tokens=50, cached_tokens=0)
+    silent = bench.Result(success=True, prompt_tokens=70)
+    assert bench.cache_hit_rate([hit, miss, silent]) == pytest.approx(64 / 150)
+    assert bench.cache_hit_rate([silent]) is None
 
 
 def test_summarize_stores_slo_load() -> None:
@@ -257,3 +266,24 @@ def test_arrivals_are_seeded_poisson() -> None:
     assert a == bench.arrival_times(4.0, 2000, seed=3)
     assert a[0] == 0.0 and all(x <= y for x, y in zip(a, a[1:], strict=False))
     assert a[-1] / (len(a) - 1) == pytest.approx(0.25, rel=0.1)
+
+
+def test_rescore_judges_a_finished_run_at_other_slos(results: dict, tmp_path: Path) -> None:
+    source = tmp_path / "measured.json"
+    source.write_text(json.dumps(results))
+    quire = results["systems"]["quire"]
+    strict = bench.rescore(source, 1e-6, 1e-6, tmp_path / "strict")
+    assert strict["slo"]["rescored_from"] == {
+        "ttft_ms": results["slo"]["ttft_ms"],
+        "tpot_ms": results["slo"]["tpot_ms"],
+    }
+    # Nothing meets a microsecond target: over at the lowest rate, rate 0.
+    assert strict["systems"]["quire"]["sustainable"]["rate"] == 0.0
+    loose = bench.rescore(tmp_path / "strict" / "serving.json", 1e9, 1e9, tmp_path / "loose")
+    assert loose["slo"]["rescored_from"] == strict["slo"]["rescored_from"]
+    sustainable = loose["systems"]["quire"]["sustainable"]
+    assert sustainable["censored"] and sustainable["rate"] == max(results["config"]["rates"])
+    # The measured runs themselves are untouched.
+    runs = loose["systems"]["quire"]["runs"]
+    assert [r["ttft_ms"] for r in runs] == [r["ttft_ms"] for r in quire["runs"]]
+    assert (tmp_path / "loose" / "serving.png").stat().st_size > 0
