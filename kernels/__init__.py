@@ -21,6 +21,7 @@ __all__ = [
     "kernel_backend",
     "paged_decode_attention",
     "paged_prefill_attention",
+    "plan_decode",
     "write_kv_cache",
 ]
 
@@ -57,6 +58,16 @@ def write_kv_cache(
         reference.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
 
 
+def plan_decode(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, key_cache: torch.Tensor
+) -> reference.DecodePlan | None:
+    """The index work of a decode batch that every layer shares, done once (None when the
+    backend needs none: the Triton kernel reads block tables directly)."""
+    if kernel_backend(key_cache.device) == "triton":
+        return None
+    return reference.plan_decode(block_tables, context_lens, key_cache.shape[0], key_cache.shape[1])
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -64,8 +75,12 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    plan: reference.DecodePlan | None = None,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence over its paged cache (see reference.py)."""
+    """Attention of one new token per sequence over its paged cache (see reference.py).
+
+    `plan` comes from `plan_decode` for the same block tables and lengths, or is None.
+    """
     # query: [num_seqs, num_heads, head_dim] -> out: [num_seqs, num_heads, head_dim]
     # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
     # block_tables: [num_seqs, max_blocks_per_seq] int32
@@ -77,7 +92,7 @@ def paged_decode_attention(
             query, key_cache, value_cache, block_tables, context_lens, scale
         )
     return reference.paged_decode_attention(
-        query, key_cache, value_cache, block_tables, context_lens, scale
+        query, key_cache, value_cache, block_tables, context_lens, scale, plan
     )
 
 

@@ -14,6 +14,7 @@ lengths), which costs a device sync on CUDA; on the CPU it is cheap.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,15 +31,16 @@ def _check_context_lens(
     context_lens: torch.Tensor,
     min_lens: torch.Tensor | int,
     min_lens_name: str,
-    shape: checks.AttentionShape,
+    max_blocks_per_seq: int,
+    block_size: int,
 ) -> None:
-    capacity = shape.max_blocks_per_seq * shape.cache.block_size
+    capacity = max_blocks_per_seq * block_size
     if bool((context_lens < min_lens).any()):
         raise ValueError(f"context_lens must be >= {min_lens_name}")
     if bool((context_lens > capacity).any()):
         raise ValueError(
-            f"context_lens exceed the block table's capacity of {shape.max_blocks_per_seq} "
-            f"blocks x {shape.cache.block_size} slots = {capacity} tokens"
+            f"context_lens exceed the block table's capacity of {max_blocks_per_seq} "
+            f"blocks x {block_size} slots = {capacity} tokens"
         )
 
 
@@ -81,6 +83,54 @@ def write_kv_cache(
     value_cache[block_ids, offsets] = value
 
 
+@dataclass(frozen=True)
+class _DecodeGroup:
+    """Sequences of similar length, padded to the group's longest: what to gather and zero."""
+
+    rows: torch.Tensor | None  # row indices into the batch (None: the whole batch)
+    block_ids: torch.Tensor  # [num_seqs * num_blocks_used] int64: the blocks to gather
+    past_end: torch.Tensor  # gathered block rows past their sequence's last block
+    tail: torch.Tensor  # gathered slot rows past their sequence's context in its last block
+    is_valid: torch.Tensor  # [num_seqs, max_len] bool
+    max_len: int
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """A decode batch's gathers, worked out once for every layer of a step.
+
+    It depends only on the block tables and the context lengths, which every layer shares, so
+    the model builds it once per step (`AttentionMetadata.decode_plan`); the inputs are
+    checked when it is built.
+    """
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    block_size: int
+    groups: tuple[_DecodeGroup, ...]
+
+
+def plan_decode(
+    block_tables: torch.Tensor, context_lens: torch.Tensor, num_blocks: int, block_size: int
+) -> DecodePlan:
+    """Check a decode batch's block ids and lengths, then plan its gathers."""
+    # block_tables: [num_seqs, max_blocks_per_seq] int32; context_lens: [num_seqs] int32
+    _check_block_ids(block_tables, num_blocks)
+    _check_context_lens(context_lens, 1, "1", block_tables.shape[1], block_size)
+    groups: tuple[_DecodeGroup, ...] = ()
+    if context_lens.numel():
+        # Sequences are padded to the longest one in their group, so very different lengths
+        # are split into groups of similar length (a few calls, longest first).
+        rows = _length_groups(context_lens, block_size)
+        if len(rows) == 1:
+            groups = (_plan_group(None, block_tables, context_lens, block_size),)
+        else:
+            groups = tuple(
+                _plan_group(r, block_tables[r], context_lens[r], block_size) for r in rows
+            )
+    return DecodePlan(block_tables, context_lens, block_size, groups)
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -88,39 +138,40 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """Attention of one new token per sequence over that sequence's paged cache.
 
     The current token's key and value must already be in the cache: it sits at position
     context_len - 1 and attends to positions 0..context_len-1. Returns
-    [num_seqs, num_heads, head_dim] in the query's dtype.
+    [num_seqs, num_heads, head_dim] in the query's dtype. A `plan` from `plan_decode` for
+    these very block tables and lengths spares every layer the same index work.
     """
     # query: [num_seqs, num_heads, head_dim]
     # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
     # block_tables: [num_seqs, max_blocks_per_seq] int32
     # context_lens: [num_seqs] int32
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
-    _check_block_ids(block_tables, shape.cache.num_blocks)
-    _check_context_lens(context_lens, 1, "1", shape)
+    if plan is None:
+        plan = plan_decode(
+            block_tables, context_lens, shape.cache.num_blocks, shape.cache.block_size
+        )
+    elif not (
+        plan.block_tables is block_tables
+        and plan.context_lens is context_lens
+        and plan.block_size == shape.cache.block_size
+    ):
+        raise ValueError("the decode plan was made for other block tables or context lengths")
     if query.shape[0] == 0:
         return query.new_empty(query.shape)
-    # Sequences are padded to the longest one in their call, so very different lengths are
-    # split into groups of similar length (a few calls, longest first).
-    groups = _length_groups(context_lens, shape.cache.block_size)
-    if len(groups) == 1:
-        return _decode_padded(
-            query, key_cache, value_cache, block_tables, context_lens, scale, shape.query_group_size
-        )
+    group_size = shape.query_group_size
+    if len(plan.groups) == 1:
+        return _decode_padded(query, key_cache, value_cache, plan.groups[0], scale, group_size)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    for rows in groups:
-        out[rows] = _decode_padded(
-            query[rows],
-            key_cache,
-            value_cache,
-            block_tables[rows],
-            context_lens[rows],
-            scale,
-            shape.query_group_size,
+    for group in plan.groups:
+        assert group.rows is not None
+        out[group.rows] = _decode_padded(
+            query[group.rows], key_cache, value_cache, group, scale, group_size
         )
     return out
 
@@ -153,56 +204,67 @@ def _length_groups(context_lens: torch.Tensor, block_size: int) -> list[torch.Te
     return groups
 
 
-def _decode_padded(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+def _plan_group(
+    rows: torch.Tensor | None,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
-    scale: float,
-    group: int,
-) -> torch.Tensor:
-    """paged_decode_attention for checked inputs, every sequence padded to the longest."""
-    num_seqs, num_heads, head_dim = query.shape
-    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-
-    # Gather whole blocks up to the longest context: index_select copies one contiguous
-    # block per row, far cheaper than a per-position gather. Unused slots may hold anything,
-    # NaN included, and 0 * NaN is NaN even under a -inf mask, so the slots past a
-    # sequence's context are zeroed in the copy: whole blocks past its last block (index_fill_
-    # by block) and the tail of its last block (at most block_size - 1 slots per sequence).
+    block_size: int,
+) -> _DecodeGroup:
+    # Whole blocks are gathered up to the group's longest context: index_select copies one
+    # contiguous block per row, far cheaper than a per-position gather. Unused slots may hold
+    # anything, NaN included, and 0 * NaN is NaN even under a -inf mask, so the slots past
+    # each context are zeroed in the copy: whole blocks past its last block (index_fill_ by
+    # block) and the tail of its last block (at most block_size - 1 slots per sequence).
+    device = context_lens.device
     lens = context_lens.long()
     num_blocks_used = -(-int(lens.max()) // block_size)
     max_len = num_blocks_used * block_size
     seq_blocks = (lens + block_size - 1) // block_size
-    block_ids = block_tables[:, :num_blocks_used].long().reshape(-1)
-    block_idx = torch.arange(num_blocks_used, device=query.device)
-    past_end = (block_idx[None, :] >= seq_blocks[:, None]).reshape(-1).nonzero().squeeze(1)
-    slot_idx = torch.arange(block_size, device=query.device)
-    last_block_pos = (seq_blocks - 1)[:, None] * block_size + slot_idx[None, :]
-    seq_start = torch.arange(num_seqs, device=query.device)[:, None] * max_len
-    tail = (seq_start + last_block_pos)[last_block_pos >= lens[:, None]]
-    kv_row = num_kv_heads * head_dim
+    block_idx = torch.arange(num_blocks_used, device=device)
+    last_block_pos = (seq_blocks - 1)[:, None] * block_size + torch.arange(
+        block_size, device=device
+    )[None, :]
+    seq_start = torch.arange(lens.shape[0], device=device)[:, None] * max_len
+    return _DecodeGroup(
+        rows=rows,
+        block_ids=block_tables[:, :num_blocks_used].long().reshape(-1),
+        past_end=(block_idx[None, :] >= seq_blocks[:, None]).reshape(-1).nonzero().squeeze(1),
+        tail=(seq_start + last_block_pos)[last_block_pos >= lens[:, None]],
+        is_valid=torch.arange(max_len, device=device)[None, :] < lens[:, None],
+        max_len=max_len,
+    )
+
+
+def _decode_padded(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    group: _DecodeGroup,
+    scale: float,
+    query_group_size: int,
+) -> torch.Tensor:
+    """Decode attention of one planned group, every sequence padded to its longest."""
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads = key_cache.shape[2]
 
     def gather(cache: torch.Tensor) -> torch.Tensor:
         # returns [num_seqs, num_kv_heads, max_len, head_dim] float32 (a strided view)
-        rows = cache.index_select(0, block_ids).view(num_seqs * num_blocks_used, -1)
+        rows = cache.index_select(0, group.block_ids)
+        rows = rows.view(rows.shape[0], -1)
         rows = rows.float() if rows.dtype != torch.float32 else rows
-        if past_end.numel():
-            rows.index_fill_(0, past_end, 0.0)
-        slots = rows.view(num_seqs * max_len, kv_row)
-        if tail.numel():
-            slots.index_fill_(0, tail, 0.0)
-        return slots.view(num_seqs, max_len, num_kv_heads, head_dim).transpose(1, 2)
+        if group.past_end.numel():
+            rows.index_fill_(0, group.past_end, 0.0)
+        slots = rows.view(num_seqs * group.max_len, num_kv_heads * head_dim)
+        if group.tail.numel():
+            slots.index_fill_(0, group.tail, 0.0)
+        return slots.view(num_seqs, group.max_len, num_kv_heads, head_dim).transpose(1, 2)
 
     keys, values = gather(key_cache), gather(value_cache)
-    # is_valid: [num_seqs, max_len]
-    is_valid = torch.arange(max_len, device=query.device)[None, :] < lens[:, None]
     # q: [num_seqs, num_kv_heads, group, head_dim]: the query heads that share a kv head
     # attend to the same keys, so each kv head is one batched SDPA call over its group.
-    q = query.float().reshape(num_seqs, num_kv_heads, group, head_dim)
+    q = query.float().reshape(num_seqs, num_kv_heads, query_group_size, head_dim)
     out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=is_valid[:, None, None, :], scale=scale
+        q, keys, values, attn_mask=group.is_valid[:, None, None, :], scale=scale
     )
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
@@ -239,7 +301,13 @@ def paged_prefill_attention(
     if bool((query_lens < 0).any()):
         raise ValueError("cu_query_lens must be non-decreasing")
     _check_block_ids(block_tables, shape.cache.num_blocks)
-    _check_context_lens(context_lens, query_lens, "the chunk lengths in cu_query_lens", shape)
+    _check_context_lens(
+        context_lens,
+        query_lens,
+        "the chunk lengths in cu_query_lens",
+        shape.max_blocks_per_seq,
+        shape.cache.block_size,
+    )
     num_kv_heads = shape.cache.num_kv_heads
     group = shape.query_group_size
 

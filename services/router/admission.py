@@ -26,6 +26,8 @@ class Ticket:
     held: bool = True
 
 
+ALL_EXECUTORS_FULL = "every live executor is at its admission bound; retry later"
+
 # The current request's ticket: set by the gate, consumed by the dispatcher.
 current_ticket: ContextVar[Ticket | None] = ContextVar("quire_admission_ticket", default=None)
 
@@ -62,6 +64,13 @@ class Admission:
         if ticket.held:
             ticket.held = False
             self.num_entering -= 1
+
+    def overall_full_message(self) -> str:
+        """What a request refused at the overall bound is told."""
+        return (
+            f"the router has {self.num_taken} requests in flight or entering "
+            f"(limit {self.max_pending_total}); retry later"
+        )
 
     def can_admit(self, num_requests: int = 1, ticket: Ticket | None = None) -> bool:
         """True when `num_requests` more fit under the overall bound (a ticket counts as one)."""

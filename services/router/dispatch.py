@@ -17,7 +17,7 @@ import structlog
 
 from quire.cluster.routing import Candidate, RoutingConfig, RoutingDecision, choose_executor
 from quire.rpc import executor_pb2
-from services.router.admission import Admission, current_ticket
+from services.router.admission import ALL_EXECUTORS_FULL, Admission, current_ticket
 from services.router.cluster import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
@@ -112,10 +112,7 @@ class Dispatcher:
     def check_capacity(self, num_requests: int) -> None:
         """429 unless `num_requests` more executor requests fit under the overall bound."""
         if not self.admission.can_admit(num_requests, current_ticket.get()):
-            raise self.too_many(
-                f"the router has {self.admission.num_taken} requests in flight or entering "
-                f"(limit {self.admission.max_pending_total}); retry later"
-            )
+            raise self.too_many(self.admission.overall_full_message())
 
     async def route(
         self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], tried: set[str]
@@ -139,7 +136,7 @@ class Dispatcher:
         ]
         decision = choose_executor(candidates, block_hashes, prompt_ids, self.policy, exclude)
         if decision is None:
-            raise self.too_many("every live executor is at its admission bound; retry later")
+            raise self.too_many(ALL_EXECUTORS_FULL)
         self.metrics.routing_decisions.labels(reason=decision.reason).inc()
         log.debug(
             "routed",

@@ -15,7 +15,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.router.admission import Admission, current_ticket
+from services.router.admission import ALL_EXECUTORS_FULL, Admission, current_ticket
 from services.router.cluster import ExecutorDirectory
 from services.router.errors import error_body
 from services.router.metrics import RouterMetrics
@@ -52,15 +52,11 @@ class AdmissionGate:
         a = self.admission
         usable = self.directory.cached_usable_executors()
         if usable and usable <= a.full_executors():
-            await self.refuse(send, "every live executor is at its admission bound; retry later")
+            await self.refuse(send, ALL_EXECUTORS_FULL)
             return
         ticket = a.enter()
         if ticket is None:
-            await self.refuse(
-                send,
-                f"the router has {a.num_taken} requests in flight or entering "
-                f"(limit {a.max_pending_total}); retry later",
-            )
+            await self.refuse(send, a.overall_full_message())
             return
         token = current_ticket.set(ticket)
         try:

@@ -278,3 +278,27 @@ def test_decode_groups_sequences_of_similar_length() -> None:
         assert max(b) * len(b) <= reference._MAX_PADDING_RATIO * sum(b)
     same = torch.tensor([40, 33, 48, 35], dtype=torch.int32)
     assert len(reference._length_groups(same, 16)) == 1
+
+
+def test_a_decode_plan_is_reused_and_bound_to_its_inputs() -> None:
+    lens = [1, 15, 17, 130, 600]
+    batch = make_paged_batch(lens, 2, 32, 16)
+    query = random_queries(len(lens), 4, 32)
+    args = (batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens, 0.25)
+    plan = reference.plan_decode(
+        batch.block_tables, batch.context_lens, batch.key_cache.shape[0], 16
+    )
+    assert len(plan.groups) > 1  # 600 tokens next to 1 are not padded together
+    torch.testing.assert_close(
+        reference.paged_decode_attention(query, *args, plan=plan),
+        reference.paged_decode_attention(query, *args),
+        atol=0,
+        rtol=0,
+    )
+    other_lens = batch.context_lens.clone()
+    with pytest.raises(ValueError, match="decode plan"):
+        reference.paged_decode_attention(
+            query, batch.key_cache, batch.value_cache, batch.block_tables, other_lens, 0.25, plan
+        )
+    with pytest.raises(ValueError, match="capacity"):
+        reference.plan_decode(batch.block_tables, batch.context_lens * 100, 10_000, 16)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,15 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # [num_seqs] int32: tokens in cache after this step's write
     cu_query_lens: torch.Tensor  # [num_seqs + 1] int32: prefix sums of per-seq new tokens
     is_decode_only: bool  # every sequence runs exactly one token
+    _decode_plan: kernels.reference.DecodePlan | None = field(default=None, repr=False)
+    _planned: bool = field(default=False, repr=False)
+
+    def decode_plan(self, key_cache: torch.Tensor) -> kernels.reference.DecodePlan | None:
+        """The decode gathers every layer shares, planned on the first layer's call."""
+        if not self._planned:
+            self._decode_plan = kernels.plan_decode(self.block_tables, self.context_lens, key_cache)
+            self._planned = True
+        return self._decode_plan
 
 
 class PagedAttention:
@@ -43,7 +52,13 @@ class PagedAttention:
         kernels.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
         if meta.is_decode_only:
             return kernels.paged_decode_attention(
-                q, key_cache, value_cache, meta.block_tables, meta.context_lens, self.scale
+                q,
+                key_cache,
+                value_cache,
+                meta.block_tables,
+                meta.context_lens,
+                self.scale,
+                meta.decode_plan(key_cache),
             )
         return kernels.paged_prefill_attention(
             q,

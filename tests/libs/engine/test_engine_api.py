@@ -115,3 +115,24 @@ def test_sharded_checkpoint_loads_identically(tmp_path: Path, tiny_model: Path) 
     a = LLM(model=str(tiny_model)).generate(["Shards"], params, use_tqdm=False)
     b = LLM(model=str(sharded)).generate(["Shards"], params, use_tqdm=False)
     assert a[0].outputs[0].token_ids == b[0].outputs[0].token_ids
+
+
+def test_decode_gathers_are_planned_once_per_step(
+    llm: LLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import quire.kernels as kernels
+
+    planned = 0
+    plan_decode = kernels.plan_decode
+
+    def counting(*args: object) -> object:
+        nonlocal planned
+        planned += 1
+        return plan_decode(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "plan_decode", counting)
+    [out] = llm.generate(
+        [{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=6, ignore_eos=True)
+    )
+    assert len(out.outputs[0].token_ids) == 6
+    assert planned == 5  # one per decode step (the first token comes from the prefill step)
