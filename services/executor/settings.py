@@ -33,7 +33,8 @@ class ExecutorSettings(BaseSettings):
         default="", description="stable id of this executor (default: hostname:port)"
     )
     model: str = Field(
-        default="models/quire-tiny", description="local Hugging Face checkpoint directory"
+        default="models/smollm2-135m-instruct",
+        description="local Hugging Face checkpoint directory",
     )
     served_model_name: str = Field(
         default="", description="model name reported (default: model dir name)"

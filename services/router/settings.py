@@ -17,7 +17,7 @@ class RouterSettings(BaseSettings):
     host: str = Field(default="127.0.0.1", description="interface the HTTP server binds")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
     model: str = Field(
-        default="models/quire-tiny", description="checkpoint dir (tokenizer, context)"
+        default="models/smollm2-135m-instruct", description="checkpoint dir (tokenizer, context)"
     )
     served_model_name: str | None = Field(
         default=None, description="model name clients use (default: the model directory's name)"

@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"curl {config.router_url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         f'  -d \'{{"model": "{Path(config.model).name}", '
-        '"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16}\''
+        '"messages": [{"role": "user", "content": "What is the capital of France?"}], '
+        '"max_tokens": 32, "temperature": 0}\''
     )
     print("\nmake down   # stops everything")
     return 0

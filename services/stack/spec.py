@@ -21,7 +21,9 @@ class StackConfig:
     # Containers: processes reach each other at their names (redis, memory-manager,
     # executor-N) instead of at `host`, and executors advertise that name to routers.
     address_by_name: bool = False
-    model: str = "models/quire-tiny"  # checkpoint served by executors, tokenizer for the router
+    model: str = (
+        "models/smollm2-135m-instruct"  # checkpoint served by executors, tokenizer for the router
+    )
     router_port: int = 8000  # the only port meant for clients
     redis_port: int = 6379
     memory_manager_port: int = 50051
@@ -81,7 +83,7 @@ class StackConfig:
 CONTAINER_CONFIG = StackConfig(
     host="0.0.0.0",
     address_by_name=True,
-    model="/models/quire-tiny",
+    model="/models/smollm2-135m-instruct",
     # A container's core count is its own business: QUIRE_TORCH_THREADS in its environment.
     executor_torch_threads=-1,
     python="python",

@@ -82,11 +82,11 @@ def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
     container = {p.name: p.argv for p in stack_processes(c)}
     mapping = {
         LOCAL.python: "python",
-        LOCAL.model: "/models/quire-tiny",
+        LOCAL.model: "/models/smollm2-135m-instruct",
         "redis://127.0.0.1:6379/0": "redis://redis:6379/0",
         "127.0.0.1:50051": "memory-manager:50051",
     }
-    assert c.host == "0.0.0.0" and c.address_by_name and c.model == "/models/quire-tiny"
+    assert c.host == "0.0.0.0" and c.address_by_name and c.model == "/models/smollm2-135m-instruct"
     for name, argv in local.items():
         expected = []
         for i, arg in enumerate(argv):

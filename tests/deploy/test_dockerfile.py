@@ -93,8 +93,8 @@ def test_runtime_is_non_root_with_stubs_and_model_built_in() -> None:
     flags = "-Iprotos --python_out=libs --grpc_python_out=libs --pyi_out=libs"
     assert flags in makefile.replace("\t", "")
     assert f"grpc_tools.protoc {flags} protos/quire/rpc/*.proto" in build
-    assert "quire.tools.make_model --preset tiny --out /models/quire-tiny" in build
-    assert CONTAINER_CONFIG.model == "/models/quire-tiny"
+    assert "quire.tools.gguf_convert --out /models/smollm2-135m-instruct" in build
+    assert CONTAINER_CONFIG.model == "/models/smollm2-135m-instruct"
 
 
 def test_dockerignore_sends_only_what_the_build_copies() -> None:

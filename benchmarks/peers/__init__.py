@@ -1,0 +1,1 @@
+"""Other serving engines run beside Quire in the benchmarks, each from its own venv."""

@@ -1,0 +1,1 @@
+"""Benchmark workloads: ShareGPT conversations (vLLM's sampling rule) and synthetic lengths."""
