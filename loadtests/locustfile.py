@@ -26,10 +26,23 @@ import requests
 from locust import HttpUser, between, events, task
 from locust.clients import ResponseContextManager
 
-from loadtests.workload import LoadConfig, RequestPlan, plan_request, tenant_system_prompts
+from loadtests.workload import (
+    LoadConfig,
+    RequestPlan,
+    plan_request,
+    plan_sharegpt_request,
+    sharegpt_pool,
+    tenant_system_prompts,
+)
 
 CONFIG = LoadConfig.from_env()
 SYSTEM_PROMPTS = tenant_system_prompts(CONFIG)
+# Sampled and tokenized once per Locust process, before any user starts.
+POOL = sharegpt_pool(CONFIG) if CONFIG.dataset == "sharegpt" else []
+if POOL:
+    from transformers import AutoTokenizer
+
+    _TOKENIZER = AutoTokenizer.from_pretrained(CONFIG.tokenizer)
 _user_numbers = itertools.count()
 
 
@@ -136,7 +149,13 @@ class StreamingUser(HttpUser):
         self._stream("/v1/completions", body, plan, "completion")
 
     def _plan(self) -> RequestPlan:
-        return plan_request(CONFIG, self.system, self.rng, self.max_model_len or 2048)
+        max_model_len = self.max_model_len or 2048
+        if POOL:
+            prompt = POOL[self.rng.randrange(len(POOL))]
+            return plan_sharegpt_request(
+                CONFIG, self.system, prompt, max_model_len, _TOKENIZER.decode
+            )
+        return plan_request(CONFIG, self.system, self.rng, max_model_len)
 
     def _stream(self, path: str, body: dict[str, Any], plan: RequestPlan, kind: str) -> None:
         sent = time.perf_counter()

@@ -1,6 +1,10 @@
-"""The load's shape, without Locust: ShareGPT-like lengths, tenants, prompt text, request bodies.
+"""The load's shape, without Locust: ShareGPT requests, tenants, prompt text, request bodies.
 
-Lengths are lognormal with ShareGPT's means (prompt ~161 tokens, output ~338 tokens; the
+By default (QUIRE_LOAD_DATASET=sharegpt) every user prompt is a real ShareGPT first turn and
+its max_tokens the token count of the answer, sampled by vLLM's rule (quire.workloads.sharegpt,
+the same requests as the benchmarks'; `make data` prepares the file), a random one per request
+from a seeded pool; prompt and output are cut to the caps below and to the model's context.
+QUIRE_LOAD_DATASET=synthetic draws text instead: lengths are lognormal with ShareGPT's means (prompt ~161 tokens, output ~338 tokens; the
 sigmas give its long tails), capped so smoke runs stay short. Each tenant has a fixed long
 system prompt that all its users send first, which is what prefix caching and
 prefix-aware routing are for. Text is built from common English words that are
@@ -57,6 +61,11 @@ class LoadConfig:
     think_s: float = 1.0  # a user waits up to this long between requests
     timeout_s: float = 600.0  # per request
     model: str = ""  # '' = the first model of GET /v1/models
+    dataset: str = "sharegpt"  # sharegpt (real prompts and answer lengths) or synthetic
+    data: str = "data/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json"  # make data
+    tokenizer: str = "models/smollm2-135m-instruct"  # counts ShareGPT tokens (served model's)
+    pool_size: int = 1000  # ShareGPT requests sampled once per process, drawn at random
+    seed: int = 0  # ShareGPT sampling seed (vLLM's rule)
 
     def __post_init__(self) -> None:
         for name in ("max_prompt_tokens", "max_tokens", "num_tenants", "system_tokens"):
@@ -64,6 +73,8 @@ class LoadConfig:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         if self.prompt_mean <= 0 or self.output_mean <= 0:
             raise ValueError("prompt_mean and output_mean must be > 0")
+        if self.dataset not in ("sharegpt", "synthetic"):
+            raise ValueError(f"dataset: sharegpt or synthetic, got {self.dataset!r}")
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> LoadConfig:
@@ -139,10 +150,50 @@ class RequestPlan:
         return body
 
 
+@dataclass(frozen=True)
+class ShareGPTPrompt:
+    """A ShareGPT first turn, its token ids, and the answer's length in tokens."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    output_len: int
+
+
+def sharegpt_pool(config: LoadConfig) -> list[ShareGPTPrompt]:
+    """config.pool_size ShareGPT requests of config.seed (vLLM's rule), tokenized once."""
+    from transformers import AutoTokenizer
+
+    from quire.workloads import sharegpt
+
+    tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+    conversations = sharegpt.read_conversations(config.data)
+    sampled = sharegpt.sample_requests(conversations, tokenizer, config.pool_size, config.seed)
+    return [ShareGPTPrompt(str(r.prompt), tuple(r.prompt_token_ids), r.output_len) for r in sampled]
+
+
+def plan_sharegpt_request(
+    config: LoadConfig,
+    system: str,
+    prompt: ShareGPTPrompt,
+    max_model_len: int,
+    decode: Any,
+) -> RequestPlan:
+    """One ShareGPT request after the tenant's system prompt, cut to the caps and context."""
+    system_tokens = config.system_tokens * ESTIMATE_SLACK + TEMPLATE_TOKENS
+    room = max(8, int(max_model_len - system_tokens))
+    prompt_cap = max(4, min(config.max_prompt_tokens, room // 2))
+    text = prompt.text
+    if len(prompt.token_ids) > prompt_cap:
+        text = decode(list(prompt.token_ids[:prompt_cap]))
+    num_prompt = min(len(prompt.token_ids), prompt_cap)
+    output_cap = max(1, min(config.max_tokens, int(room - num_prompt * ESTIMATE_SLACK)))
+    return RequestPlan(system, text, max(1, min(prompt.output_len, output_cap)))
+
+
 def plan_request(
     config: LoadConfig, system: str, rng: random.Random, max_model_len: int
 ) -> RequestPlan:
-    """Sample one request's lengths, kept inside the model's context."""
+    """Sample one synthetic request's lengths, kept inside the model's context."""
     system_tokens = config.system_tokens * ESTIMATE_SLACK + TEMPLATE_TOKENS
     room = max(8, int(max_model_len - system_tokens))
     prompt_cap = max(4, min(config.max_prompt_tokens, room // 2))

@@ -1,4 +1,4 @@
-"""Where vLLM's CPU backend lives and the environment it runs under.
+"""Where vLLM's CPU backend lives, the environment it runs under, and the offline runner.
 
 vLLM is installed by `make peer-vllm` into its own venv (.venv-vllm/, its torch pin clashes
 with ours), so this module never imports it: callers start the peer's python as a subprocess
@@ -7,8 +7,13 @@ with `vllm_environment(...)`.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PEER_VENV = REPO_ROOT / ".venv-vllm"
@@ -101,3 +106,46 @@ def vllm_environment(
         }
     )
     return env
+
+
+def run_vllm_offline(
+    spec: dict[str, Any],
+    work_dir: Path,
+    cores: list[int] | None = None,
+    kv_space_gib: int = 4,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Run vllm_offline.py on `spec` (its IN.json, see there) and return its OUT.json.
+
+    requests.json, result.json and the runner's log (vllm_offline.log) go to `work_dir`.
+    """
+    python = ensure_installed()
+    work_dir.mkdir(parents=True, exist_ok=True)
+    requests_path = work_dir / "requests.json"
+    result_path = work_dir / "result.json"
+    log_path = work_dir / "vllm_offline.log"
+    requests_path.write_text(json.dumps(spec))
+    result_path.unlink(missing_ok=True)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [str(python), str(OFFLINE_SCRIPT), "--requests", str(requests_path)]
+            + ["--out", str(result_path)],
+            env=vllm_environment(cores, kv_space_gib),
+            cwd=work_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # Its own process group, so a timeout also stops the engine core and worker.
+            start_new_session=True,
+        )
+    try:
+        returncode = process.wait(timeout=timeout_s)
+    finally:
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    if returncode != 0 or not result_path.exists():
+        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-40:])
+        raise RuntimeError(f"vllm_offline.py failed ({returncode}); {log_path} ends:\n{tail}")
+    result: dict[str, Any] = json.loads(result_path.read_text())
+    return result

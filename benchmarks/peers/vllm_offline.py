@@ -8,7 +8,7 @@ settings and the requests as token ids:
 
     {"model": DIR, "dtype": "float32" | "bfloat16", "max_model_len": 2048,
      "max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 128,
-     "enable_prefix_caching": false, "seed": 0,
+     "enable_prefix_caching": false, "seed": 0, "engine_args": {"enforce_eager": true},
      "warmup": [{"prompt_token_ids": [...], "max_tokens": 8}],
      "requests": [{"prompt_token_ids": [...], "max_tokens": 128}]}
 
@@ -35,11 +35,13 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "max_model_len": 2048,
     "max_num_seqs": 256,
     "max_num_batched_tokens": 2048,
-    # None: vLLM's own choice (128 on the CPU); its CPU attention needs a multiple of 32.
+    # None: vLLM's own choice (128 on the CPU); rounded up to a multiple of 32 otherwise.
     "block_size": None,
     "enable_prefix_caching": False,
     "seed": 0,
 }
+# Block sizes vLLM's CPU attention accepts are multiples of this.
+CPU_BLOCK_MULTIPLE = 32
 # Environment variables that decide how vLLM's CPU backend runs, recorded in OUT.json.
 RECORDED_ENV = (
     "VLLM_TARGET_DEVICE",
@@ -99,8 +101,8 @@ class MemorySampler:
 
     Each process's own peak is its VmHWM, read while it still lives (the engine's processes
     exit with it). A background thread also samples the sum of current RSS over the whole
-    tree; `reset_tree_peak()` restarts that sum so the timed run is not charged for the
-    short-lived torch.compile workers of start-up.
+    tree (`peak_tree_rss_mib`); `reset_tree_peak()` restarts that sum so the timed run is not
+    charged for the short-lived torch.compile workers of start-up.
     """
 
     def __init__(self, interval_s: float = 0.1) -> None:
@@ -143,7 +145,7 @@ class MemorySampler:
             "peak_rss_mib": (_status_kib(os.getpid(), "VmHWM") or 0) / 1024,
             "peak_children_rss_mib": sum(c["peak_rss_mib"] for c in children),
             "children": children,
-            "peak_tree_rss_during_run_mib": self.peak_tree_rss_kib / 1024,
+            "peak_tree_rss_mib": self.peak_tree_rss_kib / 1024,
         }
 
 
@@ -165,11 +167,15 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     settings = {key: spec.get(key, default) for key, default in ENGINE_DEFAULTS.items()}
     settings["model"] = str(spec["model"])
-    block_size = settings["block_size"]
-    if block_size is not None and block_size % 32 != 0:
-        raise SystemExit(
-            f"vLLM's CPU attention needs a block_size that is a multiple of 32, got {block_size}"
-        )
+    # Any further vllm.LLM keyword arguments, passed through as given.
+    settings["engine_args"] = dict(spec.get("engine_args", {}))
+    # vLLM's CPU attention kernels take only multiples of 32 tokens per block ("No common
+    # block size" otherwise). The block size changes memory granularity, not the tokens, so
+    # a smaller one (Quire's 16) is rounded up and both are recorded.
+    settings["block_size_requested"] = requested = settings["block_size"]
+    if requested is not None and requested % CPU_BLOCK_MULTIPLE != 0:
+        settings["block_size"] = -(-requested // CPU_BLOCK_MULTIPLE) * CPU_BLOCK_MULTIPLE
+        log(f"block_size {requested} -> {settings['block_size']} (CPU attention: multiples of 32)")
     requests = spec["requests"]
     warmup = spec.get("warmup", [])
     log(f"vllm {vllm.__version__}: {len(requests)} requests, {len(warmup)} warmup; {settings}")
@@ -177,8 +183,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     sampler = MemorySampler()
     sampler.start()
     started = time.perf_counter()
-    engine_args = {key: value for key, value in settings.items() if value is not None}
-    llm = vllm.LLM(tokenizer=settings["model"], **engine_args)
+    engine_args = {
+        key: settings[key] for key in [*ENGINE_DEFAULTS, "model"] if settings[key] is not None
+    }
+    llm = vllm.LLM(tokenizer=settings["model"], **engine_args, **settings["engine_args"])
     # What vLLM settled on where we left it the choice.
     settings["block_size"] = llm.llm_engine.vllm_config.cache_config.block_size
     load_s = time.perf_counter() - started

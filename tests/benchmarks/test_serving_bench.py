@@ -178,6 +178,24 @@ def test_num_executors_defaults() -> None:
         args_for("--shared-prefix-len", "-1")
     with pytest.raises(SystemExit):
         args_for("--num-shared-prefixes", "0")
+    with pytest.raises(SystemExit):  # ShareGPT prompts have no synthetic tenant prefix
+        args_for("--shared-prefix-len", "16")
+    with pytest.raises(SystemExit):
+        args_for("--peers", "vllm,sglang")
+    assert bench.parse_args([]).peers == ["vllm", "transformers"]
+    assert args_for("--skip-baseline").peers == []
+
+
+def test_sharegpt_plan_splits_one_seeded_sample(tiny: Path) -> None:
+    args = args_for("--burst", "3", "--num-prompts", "2", "--warmup", "1")
+    assert args.dataset == "sharegpt"
+    plan = bench.plan_requests(tiny, args, num_rates=2)
+    pool = bench.sharegpt_requests(tiny, 3 + 1 + 2 * 2, args)
+    assert plan.burst == pool[:3]  # the head: what vLLM's client samples with the same seed
+    assert plan.warmup == pool[3:4]
+    assert plan.rates == [pool[4:6], pool[6:8]]
+    for r in pool:  # --quick caps both lengths
+        assert r.prompt_len <= args.max_input_len and 1 <= r.output_len <= args.max_output_len
 
 
 def test_requests_without_shared_prefix_are_the_lognormal_lengths(tiny: Path) -> None:
@@ -185,8 +203,8 @@ def test_requests_without_shared_prefix_are_the_lognormal_lengths(tiny: Path) ->
     assert args.shared_prefix_len == 0
     requests = bench.make_requests(tiny, 12, args, seed=7)
     rng = np.random.default_rng(args.seed)
-    prompt_lens = bench.lognormal_lengths(rng, args.input_len, 12, 4, args.max_input_len)
-    output_lens = bench.lognormal_lengths(rng, args.output_len, 12, 2, args.max_output_len)
+    prompt_lens = bench.lognormal_lengths(rng, args.input_len, 12, 4, args.random_max_input_len)
+    output_lens = bench.lognormal_lengths(rng, args.output_len, 12, 2, args.random_max_output_len)
     assert [r.prompt_len for r in requests] == prompt_lens
     assert [r.output_len for r in requests] == output_lens
     assert requests == bench.make_requests(tiny, 12, args, seed=7)
@@ -200,7 +218,9 @@ def test_requests_without_shared_prefix_are_the_lognormal_lengths(tiny: Path) ->
 
 def test_requests_with_shared_prefixes(tiny: Path) -> None:
     k, n = 3, 24
-    args = args_for("--shared-prefix-len", str(n), "--num-shared-prefixes", str(k))
+    args = args_for(
+        "--dataset", "random", "--shared-prefix-len", str(n), "--num-shared-prefixes", str(k)
+    )
     requests = bench.make_requests(tiny, 10, args, seed=5)
     tokenizer = Tokenizer.from_file(str(tiny / "tokenizer.json"))
     # The prefixes come from the run's seed, so every rate's requests share the same tenants.

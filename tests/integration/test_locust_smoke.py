@@ -19,6 +19,9 @@ SMOKE_ENV = {
     "QUIRE_LOAD_SYSTEM_TOKENS": "64",
     "QUIRE_LOAD_NUM_TENANTS": "2",
     "QUIRE_LOAD_THINK_S": "0.2",
+    # ShareGPT prompts (the default), counted with the served model's tokenizer.
+    "QUIRE_LOAD_TOKENIZER": str(REPO / "models" / "quire-tiny"),
+    "QUIRE_LOAD_POOL_SIZE": "50",
 }
 
 

@@ -71,3 +71,28 @@ def test_config_from_env() -> None:
     assert config.prompt_mean == 161.0 and config.output_mean == 338.0
     with pytest.raises(ValueError, match="max_tokens"):
         LoadConfig.from_env({"QUIRE_LOAD_MAX_TOKENS": "0"})
+
+
+def test_sharegpt_requests_are_real_prompts_within_the_caps(tokenizer: Any) -> None:
+    from loadtests.workload import plan_sharegpt_request, sharegpt_pool
+
+    config = LoadConfig(
+        tokenizer=str(REPO / "models" / "quire-tiny"),
+        data=str(REPO / "data" / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json"),
+        pool_size=20,
+        max_prompt_tokens=64,
+        max_tokens=32,
+        system_tokens=50,
+    )
+    pool = sharegpt_pool(config)
+    assert len(pool) == 20 and pool == sharegpt_pool(config)  # seeded: the same in every process
+    system = tenant_system_prompts(config)[0]
+    for prompt in pool:
+        plan = plan_sharegpt_request(config, system, prompt, 2048, tokenizer.decode)
+        assert 1 <= plan.max_tokens <= min(32, prompt.output_len)
+        if len(prompt.token_ids) <= 64:
+            assert plan.user == prompt.text
+        else:
+            assert len(tokenizer.encode(plan.user, add_special_tokens=False)) <= 64 + 2
+    with pytest.raises(ValueError, match="dataset"):
+        LoadConfig(dataset="lognormal")
