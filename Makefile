@@ -4,13 +4,14 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+CPU_KERNELS := build/quire_kernels_cpu/libquire_kernels_cpu.so
 MODELS := models/quire-tiny/config.json models/quire-bench/config.json models/smollm2-135m-instruct/config.json
 PROTOS := $(wildcard protos/quire/rpc/*.proto)
 RPC_STAMP := libs/quire/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images chaos
-.PHONY: peer-vllm data
+.PHONY: peer-vllm data kernels-cpu
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -22,6 +23,7 @@ help:
 	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and transformers serve"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
+	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
 	@echo "make images        docker build the service images (VARIANT=cpu|cuda)"
 	@echo "make chaos         fault injection, leak soak, overload -> bench/results/chaos.json"
@@ -36,7 +38,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP) $(RPC_STAMP)
+install: $(STAMP) $(RPC_STAMP) $(CPU_KERNELS)
+
+# The C++ CPU attention kernels (kernels/csrc/), compiled against the venv's torch into build/
+# (~15 s); without them the CPU falls back to the torch reference and says so once in the log.
+# A compiler error fails the build. touch: an up-to-date library is not rewritten.
+$(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp) kernels/cpp_build.py
+	$(PY) -m quire.kernels.cpp_build
+	touch $@
+
+kernels-cpu: $(CPU_KERNELS)
 
 # gRPC stubs (with .pyi) are generated from protos/ into the quire.rpc package, never committed.
 $(RPC_STAMP): $(STAMP) $(PROTOS)
@@ -90,7 +101,7 @@ models/smollm2-135m-instruct/config.json: $(STAMP) libs/quire/tools/gguf_convert
 model: $(MODELS)
 
 # The whole stack as local processes (Redis, memory manager, 2 executors, router on :8000).
-up: model redis $(RPC_STAMP)
+up: model redis $(RPC_STAMP) $(CPU_KERNELS)
 	$(PY) -m services.stack up
 
 down:
@@ -116,11 +127,11 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint model data redis chromium
+test: lint model data redis chromium $(CPU_KERNELS)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # BENCH_ENGINE_ARGS passes options, e.g. --skip-hf --dtypes bfloat16.
-bench-engine: model data $(PEER_VLLM_STAMP)
+bench-engine: model data $(PEER_VLLM_STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.engine $(BENCH_ENGINE_ARGS)
 
 # Locust, headless, against a running stack (make up); CSV + HTML reports in bench/results/.
@@ -134,7 +145,7 @@ loadtest: $(STAMP) model data
 		-u $(LOCUST_USERS) -r $(LOCUST_SPAWN_RATE) -t $(LOCUST_TIME) --stop-timeout 60 \
 		--csv bench/results/loadtest --html bench/results/loadtest.html
 
-bench-kernels: $(STAMP)
+bench-kernels: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.decode_attention
 
 gpu-check: $(STAMP)
@@ -142,15 +153,15 @@ gpu-check: $(STAMP)
 	$(PY) -m benchmarks.decode_attention --device cuda
 
 clean:
-	rm -rf $(VENV) models bench/results libs/quire/rpc .run
+	rm -rf $(VENV) models bench/results libs/quire/rpc .run build/quire_kernels_cpu
 
 # Online serving benchmark: Quire's stack, `vllm serve` and `transformers serve` on ShareGPT, all
 # at once and under Poisson load, plus vLLM's own client against Quire and vLLM (BENCH_SERVING_ARGS
 # passes options, e.g. --peers vllm --rates 0.5,1).
-bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP)
+bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.serving $(BENCH_SERVING_ARGS)
 
 # Fault injection (kill/restart each process under load), a KV-leak soak and overload, each on
 # its own fresh stack; writes bench/results/chaos.json, fails on any hung/lost request or leak.
-chaos: model redis $(RPC_STAMP)
+chaos: model redis $(RPC_STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.chaos

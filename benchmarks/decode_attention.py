@@ -1,10 +1,12 @@
-"""Paged decode attention: time and achieved memory bandwidth, Triton beside the torch reference.
+"""Paged decode attention: time and achieved memory bandwidth, Quire's kernels beside the torch
+reference.
 
-    python -m benchmarks.decode_attention [--device cuda|cpu] [--output PATH]
+    python -m benchmarks.decode_attention [--device cuda|cpu] [--dtype DTYPE] [--output PATH]
 
-Backends: "triton" (CUDA only) and "torch" (the reference, Quire's CPU path) read the paged
-cache; "sdpa_dense" is the baseline: torch's scaled_dot_product_attention over the same keys
-and values laid out contiguously, i.e. what paging has to compete with.
+Backends: "triton" (CUDA only), "cpp" (the C++ CPU kernels, Quire's CPU path once built by
+`make kernels-cpu`) and "torch" (the reference, gathering copies of K/V) read the paged cache;
+"sdpa_dense" is the baseline: torch's scaled_dot_product_attention over the same keys and
+values laid out contiguously, i.e. what paging has to compete with.
 
 Bytes counted per call: every context token's key and value once (the query heads of a GQA
 group share them), plus the queries read and the outputs written. Block tables are shuffled,
@@ -22,13 +24,13 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import reference
+from quire.kernels import cpp_attention, reference
 
 RESULTS_PATH = Path("bench/results/decode_attention.json")
 
@@ -46,16 +48,16 @@ class BenchConfig:
     context_lens: tuple[int, ...]  # tokens in cache per sequence
 
 
-# A Llama-3-8B-like layer on the GPU; a small model on the CPU, to finish in ~30 s.
+# A Llama-3-8B-like layer on the GPU; a SmolLM2-135M layer on the CPU, to finish in ~1 min.
 CUDA_CONFIG = BenchConfig(32, 8, 128, 16, "bfloat16", (1, 8, 32, 128), (512, 2048, 8192))
-CPU_CONFIG = BenchConfig(8, 2, 64, 16, "float32", (1, 8, 32), (128, 512, 2048))
+CPU_CONFIG = BenchConfig(9, 3, 64, 16, "float32", (1, 8, 64), (300, 1500))
 
 
 @dataclass(frozen=True)
 class Result:
     """One timed (backend, batch size, context length) point."""
 
-    backend: str  # "triton" or "torch"
+    backend: str  # "triton", "cpp", "torch" or "sdpa_dense"
     batch_size: int
     context_len: int
     time_ms: float  # median per call
@@ -124,6 +126,8 @@ def _backends(
         from quire.kernels import triton_attention
 
         backends["triton"] = lambda: triton_attention.paged_decode_attention(*inputs, scale)
+    elif cpp_attention.is_available():
+        backends["cpp"] = lambda: cpp_attention.paged_decode_attention(*inputs, scale)
     backends["torch"] = lambda: reference.paged_decode_attention(*inputs, scale)
 
     # Baseline: the same attention over contiguous K/V, [batch, kv_heads, context, dim], which
@@ -137,9 +141,11 @@ def _backends(
     return backends
 
 
-def run(device: str) -> tuple[BenchConfig, list[Result]]:
+def run(device: str, dtype: str | None = None) -> tuple[BenchConfig, list[Result]]:
     """Time every (batch size, context length) point of the device's sweep."""
     config = CUDA_CONFIG if device == "cuda" else CPU_CONFIG
+    if dtype is not None:
+        config = replace(config, dtype=dtype)
     scale = config.head_dim**-0.5
     time_ms = _time_cuda_ms if device == "cuda" else _time_cpu_ms
 
@@ -172,11 +178,12 @@ def _print_table(results: list[Result]) -> None:
     backends = list(dict.fromkeys(r.backend for r in results))
     by_key = {(r.backend, r.batch_size, r.context_len): r for r in results}
     widths = {backend: max(len(backend) + 5, 10) for backend in backends}
+    fast_backend = next((b for b in ("triton", "cpp") if b in backends), None)
     header = f"{'batch':>6} {'context':>8}"
     for backend in backends:
         width = widths[backend]
         header += f" {backend + ' ms':>{width}} {backend + ' GB/s':>{width}}"
-    if "triton" in backends:
+    if fast_backend is not None:
         header += f" {'vs torch':>9} {'max diff':>9}"
     print(header)
     for batch_size, context_len in points:
@@ -185,8 +192,8 @@ def _print_table(results: list[Result]) -> None:
             result = by_key[(backend, batch_size, context_len)]
             width = widths[backend]
             line += f" {result.time_ms:>{width}.3f} {result.gb_per_s:>{width}.1f}"
-        if "triton" in backends:
-            fast = by_key[("triton", batch_size, context_len)]
+        if fast_backend is not None:
+            fast = by_key[(fast_backend, batch_size, context_len)]
             slow = by_key[("torch", batch_size, context_len)]
             line += f" {slow.time_ms / fast.time_ms:>8.1f}x {fast.max_abs_diff:>9.2e}"
         print(line)
@@ -198,7 +205,12 @@ def main() -> None:
         "--device",
         choices=("cuda", "cpu"),
         default="cuda" if torch.cuda.is_available() else "cpu",
-        help="cuda: Triton, the torch reference and dense SDPA; cpu: the last two",
+        help="cuda: Triton, the torch reference and dense SDPA; cpu: C++, the last two",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="cache and query dtype (default: the device's config)",
     )
     parser.add_argument("--output", type=Path, default=RESULTS_PATH, help="JSON results path")
     args = parser.parse_args()
@@ -206,7 +218,7 @@ def main() -> None:
         parser.error("--device cuda but torch.cuda.is_available() is False")
 
     torch.manual_seed(0)
-    config, results = run(args.device)
+    config, results = run(args.device, args.dtype)
     print(f"paged decode attention on {args.device}: {config}")
     _print_table(results)
 

@@ -1,9 +1,12 @@
-"""Paged-attention and KV-cache kernels: Triton for CUDA, plain torch for CPU and as oracle.
+"""Paged-attention and KV-cache kernels: Triton for CUDA, C++ for CPU, plain torch as oracle.
 
-Each public function picks its backend per call: Triton when the tensors are on CUDA, the
-torch reference (reference.py) otherwise. QUIRE_KERNEL_BACKEND=auto|torch|triton overrides the
-choice; triton on CPU tensors needs TRITON_INTERPRET=1 set before the kernels are imported.
-Triton is imported on first use only, so importing this package on a CPU machine is cheap.
+Each public function picks its backend per call: Triton when the tensors are on CUDA; on the
+CPU the C++ kernels (cpp_attention.py) for attention when they are built (`make kernels-cpu`),
+else the torch reference (reference.py), which also does the cache writes and block copies.
+QUIRE_KERNEL_BACKEND=auto|cpp|torch|triton overrides the choice; cpp needs the built library
+(and raises if it is missing), triton on CPU tensors needs TRITON_INTERPRET=1 set before the
+kernels are imported. Triton and the C++ library are loaded on first use only, so importing
+this package is cheap; when "auto" cannot load the C++ library it logs why, once.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from quire.kernels import reference
+from quire.kernels import cpp_attention, reference
 
 __all__ = [
     "BACKEND_ENV_VAR",
@@ -26,16 +29,21 @@ __all__ = [
 ]
 
 BACKEND_ENV_VAR = "QUIRE_KERNEL_BACKEND"
-_BACKENDS = ("auto", "torch", "triton")
+_BACKENDS = ("auto", "cpp", "torch", "triton")
 
 
 def kernel_backend(device: torch.device) -> str:
-    """The backend, "torch" or "triton", that a call on tensors of this device uses."""
+    """The backend, "cpp", "torch" or "triton", that a call on tensors of this device uses.
+
+    "cpp" runs the attention kernels in C++; cache writes and block copies stay in torch.
+    """
     requested = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
     if requested not in _BACKENDS:
         raise ValueError(f"{BACKEND_ENV_VAR} must be one of {_BACKENDS}, got {requested!r}")
     if requested == "auto":
-        return "triton" if device.type == "cuda" else "torch"
+        if device.type == "cuda":
+            return "triton"
+        return "cpp" if device.type == "cpu" and cpp_attention.is_available() else "torch"
     return requested
 
 
@@ -62,8 +70,8 @@ def plan_decode(
     block_tables: torch.Tensor, context_lens: torch.Tensor, key_cache: torch.Tensor
 ) -> reference.DecodePlan | None:
     """The index work of a decode batch that every layer shares, done once (None when the
-    backend needs none: the Triton kernel reads block tables directly)."""
-    if kernel_backend(key_cache.device) == "triton":
+    backend needs none: the Triton and C++ kernels read block tables directly)."""
+    if kernel_backend(key_cache.device) in ("triton", "cpp"):
         return None
     return reference.plan_decode(block_tables, context_lens, key_cache.shape[0], key_cache.shape[1])
 
@@ -79,16 +87,22 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """Attention of one new token per sequence over its paged cache (see reference.py).
 
-    `plan` comes from `plan_decode` for the same block tables and lengths, or is None.
+    `plan` comes from `plan_decode` for the same block tables and lengths, or is None; only
+    the torch reference uses it.
     """
     # query: [num_seqs, num_heads, head_dim] -> out: [num_seqs, num_heads, head_dim]
     # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
     # block_tables: [num_seqs, max_blocks_per_seq] int32
     # context_lens: [num_seqs] int32, including the current token
-    if kernel_backend(query.device) == "triton":
+    backend = kernel_backend(query.device)
+    if backend == "triton":
         from quire.kernels import triton_attention
 
         return triton_attention.paged_decode_attention(
+            query, key_cache, value_cache, block_tables, context_lens, scale
+        )
+    if backend == "cpp":
+        return cpp_attention.paged_decode_attention(
             query, key_cache, value_cache, block_tables, context_lens, scale
         )
     return reference.paged_decode_attention(
@@ -110,10 +124,15 @@ def paged_prefill_attention(
     # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
     # block_tables: [num_seqs, max_blocks_per_seq] int32
     # cu_query_lens: [num_seqs + 1] int32; context_lens: [num_seqs] int32, prefix + chunk
-    if kernel_backend(query.device) == "triton":
+    backend = kernel_backend(query.device)
+    if backend == "triton":
         from quire.kernels import triton_attention
 
         return triton_attention.paged_prefill_attention(
+            query, key_cache, value_cache, block_tables, cu_query_lens, context_lens, scale
+        )
+    if backend == "cpp":
+        return cpp_attention.paged_prefill_attention(
             query, key_cache, value_cache, block_tables, cu_query_lens, context_lens, scale
         )
     return reference.paged_prefill_attention(

@@ -1,16 +1,22 @@
-"""quire.kernels picks Triton or torch per call, and importing it never pulls in triton."""
+"""quire.kernels picks Triton, C++ or torch per call, and importing it never pulls in triton."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
 import quire.kernels as kernels
-from quire.kernels import reference, triton_attention, triton_cache
+from quire.kernels import cpp_attention, cpp_build, reference, triton_attention, triton_cache
 from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
+
+# What "auto" picks on CPU tensors here: the C++ kernels once `make kernels-cpu` built them.
+CPU_DEFAULT = "cpp" if cpp_attention.is_available() else "torch"
 
 
 def test_import_does_not_import_triton() -> None:
@@ -21,9 +27,11 @@ def test_import_does_not_import_triton() -> None:
 @pytest.mark.parametrize(
     ("env_value", "device_type", "backend"),
     [
-        (None, "cpu", "torch"),
+        (None, "cpu", CPU_DEFAULT),
         ("auto", "cuda", "triton"),
         ("torch", "cuda", "torch"),
+        ("torch", "cpu", "torch"),
+        ("cpp", "cpu", "cpp"),
         ("triton", "cpu", "triton"),
         (" Triton ", "cpu", "triton"),
     ],
@@ -44,16 +52,21 @@ def test_unknown_backend_raises(monkeypatch: pytest.MonkeyPatch) -> None:
         kernels.kernel_backend(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
 def test_public_functions_route_to_backend(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     monkeypatch.setenv(kernels.BACKEND_ENV_VAR, backend)
     called: list[str] = []
-    modules = (reference, triton_attention, triton_cache)
+    modules = {
+        reference: "torch",
+        cpp_attention: "cpp",
+        triton_attention: "triton",
+        triton_cache: "triton",
+    }
     names = ("write_kv_cache", "paged_decode_attention", "paged_prefill_attention", "copy_blocks")
-    for module in modules:
+    for module, module_backend in modules.items():
         for name in names:
             if hasattr(module, name):
-                tag = f"{'torch' if module is reference else 'triton'}.{name}"
+                tag = f"{module_backend}.{name}"
                 monkeypatch.setattr(module, name, lambda *args, tag=tag: called.append(tag))
     tensor = torch.zeros(1)
 
@@ -62,7 +75,71 @@ def test_public_functions_route_to_backend(monkeypatch: pytest.MonkeyPatch, back
     kernels.paged_prefill_attention(tensor, tensor, tensor, tensor, tensor, tensor, 1.0)
     kernels.copy_blocks([tensor], [tensor], tensor)
 
-    assert called == [f"{backend}.{name}" for name in names]
+    # The C++ backend covers attention; cache writes and block copies stay in torch.
+    cache_backend = "torch" if backend == "cpp" else backend
+    assert called == [
+        f"{cache_backend}.write_kv_cache",
+        f"{backend}.paged_decode_attention",
+        f"{backend}.paged_prefill_attention",
+        f"{cache_backend}.copy_blocks",
+    ]
+
+
+@pytest.mark.parametrize(("backend", "needs_plan"), [("torch", True), ("cpp", False)])
+def test_only_the_torch_reference_plans_decode(
+    monkeypatch: pytest.MonkeyPatch, backend: str, needs_plan: bool
+) -> None:
+    monkeypatch.setenv(kernels.BACKEND_ENV_VAR, backend)
+    batch = make_paged_batch([3, 17], 2, 64)
+    plan = kernels.plan_decode(batch.block_tables, batch.context_lens, batch.key_cache)
+    assert (plan is not None) == needs_plan
+
+
+def test_auto_uses_torch_when_cpp_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(kernels.BACKEND_ENV_VAR, raising=False)
+    monkeypatch.setattr(cpp_attention, "unavailable_reason", lambda: "not built")
+    assert kernels.kernel_backend(torch.device("cpu")) == "torch"
+
+    monkeypatch.setenv(kernels.BACKEND_ENV_VAR, "cpp")
+    batch = make_paged_batch([3], 2, 64)
+    query = random_queries(1, 4, 64)
+    with pytest.raises(RuntimeError, match="not built"):
+        kernels.paged_decode_attention(
+            query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens, 0.1
+        )
+
+
+@pytest.fixture
+def _fresh_cpp_loader() -> Iterator[None]:
+    # Forget the loaded-or-not verdict before and after, so that other tests load for real.
+    cpp_attention._load.cache_clear()
+    yield
+    cpp_attention._load.cache_clear()
+
+
+@pytest.mark.usefixtures("_fresh_cpp_loader")
+def test_a_missing_library_is_logged_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(cpp_build, "LIBRARY_PATH", tmp_path / "missing.so")
+    monkeypatch.setattr(cpp_build, "MANIFEST_PATH", tmp_path / "manifest.json")
+    with caplog.at_level(logging.WARNING, logger=cpp_attention.__name__):
+        assert not cpp_attention.is_available()
+        assert not cpp_attention.is_available()
+    reason = cpp_attention.unavailable_reason()
+    assert reason is not None and "make kernels-cpu" in reason
+    assert [record.getMessage() for record in caplog.records] == [
+        f"C++ CPU attention kernels unavailable: {reason}; using the torch reference"
+    ]
+
+
+@pytest.mark.usefixtures("_fresh_cpp_loader")
+def test_a_stale_library_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    if cpp_build.read_manifest() is None:
+        pytest.skip("C++ CPU kernels not built")
+    monkeypatch.setattr(cpp_build, "source_sha256", lambda: "0" * 64)
+    reason = cpp_attention.unavailable_reason()
+    assert reason is not None and "older sources" in reason
 
 
 def test_default_backend_matches_reference_on_device(device: str) -> None:

@@ -1,0 +1,137 @@
+"""Host wrappers for the C++ CPU paged-attention kernels (csrc/paged_attention_cpu.cpp).
+
+The kernels read K/V blocks in place through the block tables (no gathered copies), one
+(sequence, kv head, query tile) per task over torch's intra-op threads. The library is built
+by `make kernels-cpu` (python -m quire.kernels.cpp_build) and loaded on first use; if it is
+missing, stale or unusable on this CPU, `unavailable_reason` says why, logged once, and the
+"auto" backend keeps the torch reference. Same signatures and semantics as reference.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+
+import torch
+
+from quire.kernels import checks
+
+logger = logging.getLogger(__name__)
+
+_LOAD_LOCK = threading.Lock()
+
+
+@functools.cache
+def _load() -> str | None:
+    # Imported here, not at the top: `python -m quire.kernels.cpp_build` must not find
+    # itself already imported by the package.
+    from quire.kernels import cpp_build
+
+    manifest = cpp_build.read_manifest()
+    if manifest is None or not cpp_build.LIBRARY_PATH.exists():
+        return f"not built ({cpp_build.LIBRARY_PATH}); run `make kernels-cpu`"
+    if manifest.source_sha256 != cpp_build.source_sha256():
+        return "built from older sources than kernels/csrc/; run `make kernels-cpu`"
+    if manifest.torch_version != torch.__version__:
+        return (
+            f"built for torch {manifest.torch_version}, running {torch.__version__}; "
+            "run `make kernels-cpu`"
+        )
+    missing = sorted(set(manifest.cpu_flags) - cpp_build.cpu_flags())
+    if missing:
+        return f"built with -march={manifest.march}, but this CPU lacks {', '.join(missing)}"
+    try:
+        torch.ops.load_library(str(cpp_build.LIBRARY_PATH))
+    except (OSError, RuntimeError) as error:
+        return f"{cpp_build.LIBRARY_PATH} failed to load: {error}"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why the C++ kernels cannot run in this process, or None when they are loaded."""
+    with _LOAD_LOCK:
+        first_call = _load.cache_info().currsize == 0
+        reason = _load()
+    if first_call and reason is not None:
+        logger.warning(
+            "C++ CPU attention kernels unavailable: %s; using the torch reference", reason
+        )
+    return reason
+
+
+def is_available() -> bool:
+    """Whether the C++ kernels are built for this source, torch and CPU, and loaded."""
+    return unavailable_reason() is None
+
+
+def _require_loaded() -> None:
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"the C++ CPU attention kernels are unavailable: {reason}")
+
+
+def _check_cpu_layout(query: torch.Tensor, key_cache: torch.Tensor) -> None:
+    if query.device.type != "cpu":
+        raise ValueError(f"the C++ kernels take CPU tensors, got {query.device}")
+    if key_cache.stride(3) != 1:
+        raise ValueError(
+            f"the C++ kernels need caches with head_dim stride 1, got strides {key_cache.stride()}"
+        )
+
+
+def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Attention of one new token per sequence over its paged cache (see reference.py)."""
+    # query: [num_seqs, num_heads, head_dim] -> out: [num_seqs, num_heads, head_dim]
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # block_tables: [num_seqs, max_blocks_per_seq] int32; context_lens: [num_seqs] int32
+    checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
+    _check_cpu_layout(query, key_cache)
+    _require_loaded()
+    return torch.ops.quire_cpu.paged_decode_attention(
+        _unit_last_stride(query),
+        key_cache,
+        value_cache,
+        _unit_last_stride(block_tables),
+        context_lens,
+        float(scale),
+    )
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_query_lens: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention of each sequence's chunk over its paged cache (see reference.py)."""
+    # query: [num_tokens, num_heads, head_dim] -> out: [num_tokens, num_heads, head_dim]
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # block_tables: [num_seqs, max_blocks_per_seq] int32
+    # cu_query_lens: [num_seqs + 1] int32; context_lens: [num_seqs] int32, prefix + chunk
+    checks.check_prefill(query, key_cache, value_cache, block_tables, cu_query_lens, context_lens)
+    _check_cpu_layout(query, key_cache)
+    _require_loaded()
+    return torch.ops.quire_cpu.paged_prefill_attention(
+        _unit_last_stride(query),
+        key_cache,
+        value_cache,
+        _unit_last_stride(block_tables),
+        cu_query_lens,
+        context_lens,
+        float(scale),
+    )

@@ -1,0 +1,615 @@
+// Paged attention on the CPU: decode and chunked prefill, reading K/V where they live.
+//
+// Memory layout (one layer), as in reference.py:
+//   key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], head_dim stride 1.
+//   A sequence's block table row lists its blocks in logical order: its token at position p
+//   is in block block_tables[seq][p / block_size], at slot p % block_size. Within a block,
+//   one kv head's keys are block_size rows of head_dim values, slot_stride elements apart.
+//   query, out: [num_tokens, num_heads, head_dim]. Query head h reads kv head
+//   h / group_size (GQA: group_size = num_heads / num_kv_heads query heads share one).
+//
+// Algorithm. The unit of work is a tile: up to kMaxTileRows query rows of one sequence and
+// one kv head, i.e. the group_size query heads of a few consecutive chunk tokens (decode: of
+// its one token). A tile walks its sequence's blocks through the block table and, for each
+// block, each row
+//   1. scores the block's keys it may see (causal: positions <= its own),
+//   2. updates its running max m and running sum l of exp(score - m) (online softmax),
+//      rescaling its accumulator by exp(m_old - m_new) when the max grows,
+//   3. adds exp(score - m) * value to its float32 accumulator;
+// and finally writes accumulator / l. Keys and values are read straight from the cache
+// (bf16/fp16 blocks are widened to float32 once per block and tile, for all its rows), so
+// nothing is gathered and no slot past a row's context is ever read: unused slots may hold
+// anything, NaN included. All arithmetic is float32 whatever the cache dtype. A decode tile's
+// few rows score each key with a head_dim-wide dot product; a prefill tile's many rows share
+// one transposed copy of the block's keys, so that a row's scores are block_size-wide FMAs.
+//
+// Tiles are spread over torch's intra-op threads (at::parallel_for), longest first, each
+// thread taking the next tile when it finishes one, so sequences of very different lengths
+// still balance. Index values (block ids, lengths) are checked before any tile runs.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// Query rows per tile: big enough that widening a bf16 block is shared by many rows, small
+// enough that a tile's accumulators stay in L1/L2 and a long prompt still splits into many
+// tiles for the threads.
+constexpr int kMaxTileRows = 64;
+
+// Calls with fewer multiply-adds than this (~0.1 ms of one core) run on the calling thread.
+constexpr int64_t kMinParallelWork = int64_t{1} << 19;
+
+inline float to_float(float x) { return x; }
+
+inline float to_float(c10::BFloat16 x) {
+  // bf16 is the top half of a float32: a shift, which the compiler vectorizes.
+  const uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float out;
+  std::memcpy(&out, &bits, sizeof(out));
+  return out;
+}
+
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+// exp(x) for x <= 0 (scores minus their running max), written so that a `#pragma omp simd`
+// loop of it vectorizes: Cody-Waite range reduction x = n ln2 + r, |r| <= ln2 / 2, a
+// degree-6 polynomial for exp(r) (relative error ~2e-7, about std::exp's float rounding),
+// and 2^n built in the exponent bits. exp(0) is exactly 1; below -87 (-inf included) it
+// returns ~1e-38 rather than 0.
+[[gnu::always_inline]] inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);
+  // nearbyint, not floor(x + 0.5): GCC vectorizes the first only.
+  const float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = x - n * 0.693359375f;  // ln2, split: a high part exact in float ...
+  r = r - n * -2.12194440e-4f;     // ... and the rest
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// The tensors of one call, as raw pointers and element strides.
+template <typename scalar_t>
+struct Problem {
+  const scalar_t* query;  // [num_tokens, num_heads, head_dim]
+  const scalar_t* key_cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
+  const scalar_t* value_cache;
+  const int32_t* block_tables;  // [num_seqs, max_blocks_per_seq]
+  scalar_t* out;  // [num_tokens, num_heads, head_dim], contiguous
+  int64_t query_token_stride, query_head_stride;
+  int64_t cache_block_stride, cache_slot_stride, cache_head_stride;
+  int64_t table_stride;
+  int num_heads, group_size, head_dim, block_size;
+  float scale;
+};
+
+// Rows num_tokens * group_size of one sequence and one kv head: chunk tokens
+// first_token .. first_token + num_tokens - 1 (rows into query/out), the first of them at
+// position first_pos. Row i * group_size + g is query head kv_head * group_size + g of
+// token i, and sees keys at positions 0 .. first_pos + i.
+struct Tile {
+  int seq;
+  int kv_head;
+  int64_t first_token;
+  int num_tokens;
+  int first_pos;
+
+  int64_t cost() const { return static_cast<int64_t>(first_pos + num_tokens) * num_tokens; }
+};
+
+// A thread's working memory, reused for every tile it runs: room for max_rows rows, which is
+// kMaxTileRows or, if larger, one token's group_size rows.
+struct Scratch {
+  std::vector<float> query;  // [rows, head_dim], pre-scaled
+  std::vector<float> acc;  // [rows, head_dim]
+  std::vector<float> row_max, row_sum;  // [rows]
+  std::vector<float> scores;  // [rows, block_size]: one block's scores, then its weights
+  std::vector<float> keys, values;  // [block_size, head_dim] (keys maybe [head_dim, block_size])
+
+  Scratch(int max_rows, int head_dim, int block_size)
+      : query(static_cast<size_t>(max_rows) * head_dim),
+        acc(static_cast<size_t>(max_rows) * head_dim),
+        row_max(max_rows),
+        row_sum(max_rows),
+        scores(static_cast<size_t>(max_rows) * block_size),
+        keys(static_cast<size_t>(block_size) * head_dim),
+        values(static_cast<size_t>(block_size) * head_dim) {}
+};
+
+// From this many rows on (and with compile-time sizes), a block's keys are transposed once so
+// that each row's scores are block_size-wide vector FMAs; below it (decode: group_size rows),
+// the transpose would cost more than it saves and each score is a head_dim-wide dot product.
+constexpr int kMinRowsToTranspose = 8;
+
+// a . b over head_dim values. With a compile-time head_dim that is a multiple of 16 the sum
+// runs in 16 lanes and ends in a tree (16 -> 8 -> 4 -> 2 -> 1): the compiler's own reduction
+// of a `simd reduction` loop adds the lanes one after another, a long serial chain.
+template <int kHeadDim>
+[[gnu::always_inline]] inline float dot(const float* a, const float* b, int head_dim) {
+  constexpr int kLanes = 16;
+  if constexpr (kHeadDim > 0 && kHeadDim % kLanes == 0) {
+    float lanes[kLanes] = {};
+    for (int d = 0; d < kHeadDim; d += kLanes) {
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) lanes[l] += a[d + l] * b[d + l];
+    }
+    for (int width = kLanes / 2; width > 0; width /= 2) {
+      for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    return lanes[0];
+  } else {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int d = 0; d < head_dim; ++d) sum += a[d] * b[d];
+    return sum;
+  }
+}
+
+// scores[row, t] = q[row] . key[t], keys as rows: key t at keys + t * key_stride.
+template <int kHeadDim>
+void score_block(const float* q, int num_rows, const float* keys, int64_t key_stride,
+                 int num_keys, int runtime_head_dim, int block_size, float* scores) {
+  const int head_dim = kHeadDim > 0 ? kHeadDim : runtime_head_dim;
+  for (int t = 0; t < num_keys; ++t) {
+    const float* k = keys + t * key_stride;
+    for (int row = 0; row < num_rows; ++row) {
+      const float* q_row = q + static_cast<int64_t>(row) * head_dim;
+      scores[row * block_size + t] = dot<kHeadDim>(q_row, k, head_dim);
+    }
+  }
+}
+
+// The same with keys transposed, keys_t: [kHeadDim, kBlockSize]: a row's scores are one
+// block_size-wide vector, built by head_dim FMAs. Rows go four at a time, so each key vector
+// loaded serves four rows and four FMA chains run side by side.
+template <int kHeadDim, int kBlockSize>
+void score_block_transposed(const float* q, int num_rows, const float* keys_t, float* scores) {
+  int row = 0;
+  for (; row + 4 <= num_rows; row += 4) {
+    const float* q_rows = q + static_cast<int64_t>(row) * kHeadDim;
+    float sums[4][kBlockSize] = {};
+    for (int d = 0; d < kHeadDim; ++d) {
+      const float* k = keys_t + d * kBlockSize;
+      for (int j = 0; j < 4; ++j) {
+        const float q_value = q_rows[j * kHeadDim + d];
+#pragma omp simd
+        for (int t = 0; t < kBlockSize; ++t) sums[j][t] += q_value * k[t];
+      }
+    }
+    std::memcpy(scores + row * kBlockSize, sums, sizeof(sums));
+  }
+  for (; row < num_rows; ++row) {
+    const float* q_row = q + static_cast<int64_t>(row) * kHeadDim;
+    float sums[kBlockSize] = {};
+    for (int d = 0; d < kHeadDim; ++d) {
+      const float q_value = q_row[d];
+      const float* k = keys_t + d * kBlockSize;
+#pragma omp simd
+      for (int t = 0; t < kBlockSize; ++t) sums[t] += q_value * k[t];
+    }
+    std::memcpy(scores + row * kBlockSize, sums, sizeof(sums));
+  }
+}
+
+// Turns a row's scores for one block into weights exp(score - new_max) in place and returns
+// (new_max, sum of the weights), new_max = max(old_max, the block's scores). Only the first
+// num_seen scores count; the weights past them are 0. With a compile-time block size the
+// loops run the full width and reduce in trees, which the compiler vectorizes (a loop that
+// stops at num_seen, or a `simd reduction`, comes out scalar).
+template <int kBlockSize>
+[[gnu::always_inline]] inline std::pair<float, float> softmax_weights(float* weights,
+                                                                      int num_seen,
+                                                                      float old_max) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if constexpr (kBlockSize > 0) {
+    static_assert((kBlockSize & (kBlockSize - 1)) == 0, "block size must be a power of two");
+    for (int t = num_seen; t < kBlockSize; ++t) weights[t] = kNegInf;
+    float lanes[kBlockSize];
+    std::memcpy(lanes, weights, sizeof(lanes));
+    for (int width = kBlockSize / 2; width > 0; width /= 2) {
+      for (int l = 0; l < width; ++l) lanes[l] = std::max(lanes[l], lanes[l + width]);
+    }
+    const float new_max = std::max(old_max, lanes[0]);
+#pragma omp simd
+    for (int t = 0; t < kBlockSize; ++t) weights[t] = exp_nonpositive(weights[t] - new_max);
+    for (int t = num_seen; t < kBlockSize; ++t) weights[t] = 0.0f;
+    std::memcpy(lanes, weights, sizeof(lanes));
+    for (int width = kBlockSize / 2; width > 0; width /= 2) {
+      for (int l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+    }
+    return {new_max, lanes[0]};
+  } else {
+    float new_max = old_max;
+    for (int t = 0; t < num_seen; ++t) new_max = std::max(new_max, weights[t]);
+    float sum = 0.0f;
+    for (int t = 0; t < num_seen; ++t) {
+      weights[t] = exp_nonpositive(weights[t] - new_max);
+      sum += weights[t];
+    }
+    return {new_max, sum};
+  }
+}
+
+// acc = rescale * acc + sum_t weights[t] * value[t], value t at values + t * value_stride;
+// with a compile-time head_dim the accumulator stays in registers across the block.
+template <int kHeadDim>
+[[gnu::always_inline]] inline void accumulate_values(float* __restrict__ acc, float rescale,
+                                                   const float* __restrict__ weights,
+                                                   const float* values, int64_t value_stride,
+                                                   int num_values, int head_dim) {
+  if constexpr (kHeadDim > 0) {
+    float sum[kHeadDim];
+#pragma omp simd
+    for (int d = 0; d < kHeadDim; ++d) sum[d] = rescale * acc[d];
+    for (int t = 0; t < num_values; ++t) {
+      const float* v = values + t * value_stride;
+      const float weight = weights[t];
+#pragma omp simd
+      for (int d = 0; d < kHeadDim; ++d) sum[d] += weight * v[d];
+    }
+#pragma omp simd
+    for (int d = 0; d < kHeadDim; ++d) acc[d] = sum[d];
+  } else {
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) acc[d] *= rescale;
+    for (int t = 0; t < num_values; ++t) {
+      const float* v = values + t * value_stride;
+      const float weight = weights[t];
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) acc[d] += weight * v[d];
+    }
+  }
+}
+
+// kHeadDim, kBlockSize > 0 fix those sizes at compile time (unrolled inner loops, registers
+// for accumulators); 0 reads them from the problem.
+template <typename scalar_t, int kHeadDim, int kBlockSize>
+void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
+  const int head_dim = kHeadDim > 0 ? kHeadDim : p.head_dim;
+  const int block_size = kBlockSize > 0 ? kBlockSize : p.block_size;
+  const int group = p.group_size;
+  const int num_rows = tile.num_tokens * group;
+  constexpr bool kCanTranspose = kHeadDim > 0 && kBlockSize > 0;
+  const bool transpose_keys = kCanTranspose && num_rows >= kMinRowsToTranspose;
+
+  // query rows, widened and scaled: s.query[i * group + g, :] = scale * q[token i, head, :]
+  for (int i = 0; i < tile.num_tokens; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const scalar_t* q = p.query + (tile.first_token + i) * p.query_token_stride +
+                          static_cast<int64_t>(tile.kv_head * group + g) * p.query_head_stride;
+      float* row = s.query.data() + static_cast<int64_t>(i * group + g) * head_dim;
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) row[d] = p.scale * to_float(q[d]);
+    }
+  }
+  std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
+  std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
+  std::fill_n(s.row_sum.data(), num_rows, 0.0f);
+
+  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
+  const int num_keys = tile.first_pos + tile.num_tokens;  // what the tile's last row sees
+  for (int block_start = 0, b = 0; block_start < num_keys; block_start += block_size, ++b) {
+    // Only slots t < num_valid are ever read: past the context they may hold anything.
+    const int num_valid = std::min(block_size, num_keys - block_start);
+    const int64_t offset = table[b] * p.cache_block_stride + tile.kv_head * p.cache_head_stride;
+    const scalar_t* key_block = p.key_cache + offset;
+    const scalar_t* value_block = p.value_cache + offset;
+
+    // 1. scores of every row against the block's keys
+    if (transpose_keys) {
+      if constexpr (kCanTranspose) {
+        float* keys_t = s.keys.data();  // [kHeadDim, kBlockSize], zero past num_valid
+        for (int t = 0; t < num_valid; ++t) {
+          const scalar_t* k = key_block + t * p.cache_slot_stride;
+          for (int d = 0; d < kHeadDim; ++d) keys_t[d * kBlockSize + t] = to_float(k[d]);
+        }
+        for (int d = 0; d < kHeadDim; ++d) {
+          for (int t = num_valid; t < kBlockSize; ++t) keys_t[d * kBlockSize + t] = 0.0f;
+        }
+        score_block_transposed<kHeadDim, kBlockSize>(s.query.data(), num_rows, keys_t,
+                                                     s.scores.data());
+      }
+    } else if constexpr (std::is_same_v<scalar_t, float>) {
+      score_block<kHeadDim>(s.query.data(), num_rows, key_block, p.cache_slot_stride,
+                            num_valid, head_dim, block_size, s.scores.data());
+    } else {
+      for (int t = 0; t < num_valid; ++t) {
+        const scalar_t* k = key_block + t * p.cache_slot_stride;
+        float* k_out = s.keys.data() + static_cast<int64_t>(t) * head_dim;
+#pragma omp simd
+        for (int d = 0; d < head_dim; ++d) k_out[d] = to_float(k[d]);
+      }
+      score_block<kHeadDim>(s.query.data(), num_rows, s.keys.data(), head_dim, num_valid,
+                            head_dim, block_size, s.scores.data());
+    }
+
+    // values: row t at values + t * value_stride, t < num_valid
+    const float* values;
+    int64_t value_stride;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      values = value_block;
+      value_stride = p.cache_slot_stride;
+    } else {
+      for (int t = 0; t < num_valid; ++t) {
+        const scalar_t* v = value_block + t * p.cache_slot_stride;
+        float* v_out = s.values.data() + static_cast<int64_t>(t) * head_dim;
+#pragma omp simd
+        for (int d = 0; d < head_dim; ++d) v_out[d] = to_float(v[d]);
+      }
+      values = s.values.data();
+      value_stride = head_dim;
+    }
+
+    // 2. and 3. per row: online softmax update, then the weighted values
+    for (int i = 0; i < tile.num_tokens; ++i) {
+      // Causal: token i sees this block's slots up to its own position.
+      const int num_seen = std::min(num_valid, tile.first_pos + i + 1 - block_start);
+      if (num_seen <= 0) continue;
+      for (int g = 0; g < group; ++g) {
+        const int row = i * group + g;
+        float* weights = s.scores.data() + static_cast<int64_t>(row) * block_size;
+        const float old_max = s.row_max[row];
+        const auto [new_max, block_sum] =
+            softmax_weights<kBlockSize>(weights, num_seen, old_max);
+        // 1 when the max stays; ~1e-38 on the first block (old_max = -inf), where the
+        // accumulator and the sum are still 0.
+        const float rescale = exp_nonpositive(old_max - new_max);
+        s.row_sum[row] = s.row_sum[row] * rescale + block_sum;
+        s.row_max[row] = new_max;
+        accumulate_values<kHeadDim>(s.acc.data() + static_cast<int64_t>(row) * head_dim,
+                                    rescale, weights, values, value_stride, num_seen, head_dim);
+      }
+    }
+  }
+
+  for (int i = 0; i < tile.num_tokens; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const int row = i * group + g;
+      const float inv_sum = 1.0f / s.row_sum[row];
+      const float* acc = s.acc.data() + static_cast<int64_t>(row) * head_dim;
+      scalar_t* out = p.out + ((tile.first_token + i) * p.num_heads + tile.kv_head * group + g) *
+                                  static_cast<int64_t>(head_dim);
+      for (int d = 0; d < head_dim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+    }
+  }
+}
+
+template <typename scalar_t, int kHeadDim, int kBlockSize>
+void run_tiles(const Problem<scalar_t>& p, const std::vector<Tile>& tiles) {
+  // tiles are sorted longest first; each thread takes the next one when it finishes one.
+  std::atomic<int64_t> next{0};
+  const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+  int64_t work = 0;  // multiply-adds, roughly
+  for (const Tile& tile : tiles) work += tile.cost() * p.group_size * p.head_dim * 2;
+  // A parallel region costs a few microseconds, and far more when another process holds
+  // the cores and a worker must wait for its time slice: small calls stay on this thread.
+  const int64_t num_workers =
+      work < kMinParallelWork ? 1 : std::min<int64_t>(at::get_num_threads(), num_tiles);
+  at::parallel_for(0, num_workers, 1, [&](int64_t begin, int64_t end) {
+    Scratch scratch(std::max(kMaxTileRows, p.group_size), p.head_dim, p.block_size);
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (int64_t i = next++; i < num_tiles; i = next++) {
+        attend_tile<scalar_t, kHeadDim, kBlockSize>(p, tiles[i], scratch);
+      }
+    }
+  });
+}
+
+// Compile-time sizes for the common shapes (head_dim 64 or 128, block_size 16).
+template <typename scalar_t, int kHeadDim>
+void run_for_block_size(const Problem<scalar_t>& p, const std::vector<Tile>& tiles) {
+  if (p.block_size == 16) return run_tiles<scalar_t, kHeadDim, 16>(p, tiles);
+  return run_tiles<scalar_t, kHeadDim, 0>(p, tiles);
+}
+
+template <typename scalar_t>
+void run_for_shape(const Problem<scalar_t>& p, const std::vector<Tile>& tiles) {
+  switch (p.head_dim) {
+    case 64:
+      return run_for_block_size<scalar_t, 64>(p, tiles);
+    case 128:
+      return run_for_block_size<scalar_t, 128>(p, tiles);
+    default:
+      return run_tiles<scalar_t, 0, 0>(p, tiles);
+  }
+}
+
+// Shapes and dtypes are checked by the Python wrappers (checks.py); these guard memory
+// safety: layouts the pointer arithmetic relies on and every index value.
+void check_layout(const at::Tensor& query, const at::Tensor& key_cache,
+                  const at::Tensor& value_cache, const at::Tensor& block_tables) {
+  TORCH_CHECK_VALUE(query.dim() == 3 && key_cache.dim() == 4, "query must be 3-d, caches 4-d");
+  TORCH_CHECK_VALUE(key_cache.sizes() == value_cache.sizes() &&
+                        key_cache.strides() == value_cache.strides(),
+                    "key_cache and value_cache must have one shape and one layout");
+  TORCH_CHECK_VALUE(query.size(2) == key_cache.size(3), "query and cache head_dim differ");
+  TORCH_CHECK_VALUE(query.scalar_type() == key_cache.scalar_type() &&
+                        value_cache.scalar_type() == key_cache.scalar_type(),
+                    "query and caches must share one dtype");
+  TORCH_CHECK_VALUE(query.stride(2) == 1 && key_cache.stride(3) == 1,
+                    "query and caches must have head_dim stride 1");
+  TORCH_CHECK_VALUE(query.size(1) % key_cache.size(2) == 0,
+                    "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK_VALUE(block_tables.scalar_type() == at::kInt && block_tables.dim() == 2 &&
+                        block_tables.stride(1) == 1 && block_tables.size(1) > 0,
+                    "block_tables must be [num_seqs, max_blocks_per_seq] int32 with unit "
+                    "column stride");
+  TORCH_CHECK_VALUE(query.device().is_cpu() && key_cache.device().is_cpu() &&
+                        block_tables.device().is_cpu(),
+                    "the C++ CPU kernels take CPU tensors");
+}
+
+void check_block_ids(const at::Tensor& block_tables, int64_t num_blocks) {
+  const int32_t* ids = block_tables.data_ptr<int32_t>();
+  for (int64_t seq = 0; seq < block_tables.size(0); ++seq) {
+    for (int64_t col = 0; col < block_tables.size(1); ++col) {
+      const int32_t id = ids[seq * block_tables.stride(0) + col];
+      TORCH_CHECK_VALUE(id >= 0 && id < num_blocks, "block_tables holds block ids outside [0, ",
+                        num_blocks, ")");
+    }
+  }
+}
+
+void check_context_len(int64_t context_len, int64_t min_len, const char* min_len_name,
+                       int64_t max_blocks_per_seq, int64_t block_size) {
+  TORCH_CHECK_VALUE(context_len >= min_len, "context_lens must be >= ", min_len_name);
+  TORCH_CHECK_VALUE(context_len <= max_blocks_per_seq * block_size,
+                    "context_lens exceed the block table's capacity of ", max_blocks_per_seq,
+                    " blocks x ", block_size, " slots = ", max_blocks_per_seq * block_size,
+                    " tokens");
+}
+
+template <typename scalar_t>
+Problem<scalar_t> make_problem(const at::Tensor& query, const at::Tensor& key_cache,
+                               const at::Tensor& value_cache, const at::Tensor& block_tables,
+                               at::Tensor& out, double scale) {
+  return Problem<scalar_t>{
+      query.data_ptr<scalar_t>(),
+      key_cache.data_ptr<scalar_t>(),
+      value_cache.data_ptr<scalar_t>(),
+      block_tables.data_ptr<int32_t>(),
+      out.data_ptr<scalar_t>(),
+      query.stride(0),
+      query.stride(1),
+      key_cache.stride(0),
+      key_cache.stride(1),
+      key_cache.stride(2),
+      block_tables.stride(0),
+      static_cast<int>(query.size(1)),
+      static_cast<int>(query.size(1) / key_cache.size(2)),
+      static_cast<int>(query.size(2)),
+      static_cast<int>(key_cache.size(1)),
+      static_cast<float>(scale),
+  };
+}
+
+at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
+               const at::Tensor& value_cache, const at::Tensor& block_tables,
+               std::vector<Tile>& tiles, double scale) {
+  at::Tensor out = at::empty(query.sizes(), query.options());
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& a, const Tile& b) { return a.cost() > b.cost(); });
+  if (tiles.empty()) return out;
+  switch (query.scalar_type()) {
+    case at::kFloat:
+      run_for_shape(make_problem<float>(query, key_cache, value_cache, block_tables, out, scale),
+                    tiles);
+      break;
+    case at::kBFloat16:
+      run_for_shape(
+          make_problem<c10::BFloat16>(query, key_cache, value_cache, block_tables, out, scale),
+          tiles);
+      break;
+    case at::kHalf:
+      run_for_shape(
+          make_problem<c10::Half>(query, key_cache, value_cache, block_tables, out, scale), tiles);
+      break;
+    default:
+      TORCH_CHECK_VALUE(false, "the C++ kernels take float32, bfloat16 or float16, got ",
+                        query.scalar_type());
+  }
+  return out;
+}
+
+}  // namespace
+
+// query: [num_seqs, num_heads, head_dim]; context_lens: [num_seqs] int32, including the
+// current token, whose key and value are already in the cache at position context_len - 1.
+at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
+                                  const at::Tensor& value_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& context_lens, double scale) {
+  check_layout(query, key_cache, value_cache, block_tables);
+  const at::Tensor lens = context_lens.contiguous();
+  TORCH_CHECK_VALUE(lens.scalar_type() == at::kInt && lens.dim() == 1 &&
+                        lens.size(0) == query.size(0) && block_tables.size(0) == query.size(0),
+                    "decode takes one query, one block table row and one length per sequence");
+  check_block_ids(block_tables, key_cache.size(0));
+  const int32_t* len = lens.data_ptr<int32_t>();
+  const int num_kv_heads = static_cast<int>(key_cache.size(2));
+  std::vector<Tile> tiles;
+  tiles.reserve(query.size(0) * num_kv_heads);
+  for (int seq = 0; seq < query.size(0); ++seq) {
+    check_context_len(len[seq], 1, "1", block_tables.size(1), key_cache.size(1));
+    for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+      tiles.push_back(Tile{seq, kv_head, seq, 1, len[seq] - 1});
+    }
+  }
+  return run(query, key_cache, value_cache, block_tables, tiles, scale);
+}
+
+// query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back;
+// cu_query_lens: [num_seqs + 1] int32; context_lens: [num_seqs] int32, cached prefix + chunk.
+at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& key_cache,
+                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
+                                   const at::Tensor& cu_query_lens,
+                                   const at::Tensor& context_lens, double scale) {
+  check_layout(query, key_cache, value_cache, block_tables);
+  const at::Tensor lens = context_lens.contiguous();
+  const at::Tensor cu = cu_query_lens.contiguous();
+  const int64_t num_seqs = lens.size(0);
+  TORCH_CHECK_VALUE(lens.scalar_type() == at::kInt && cu.scalar_type() == at::kInt &&
+                        lens.dim() == 1 && cu.dim() == 1 && cu.size(0) == num_seqs + 1 &&
+                        block_tables.size(0) == num_seqs,
+                    "prefill takes num_seqs + 1 cu_query_lens and one block table row and one "
+                    "length per sequence");
+  const int32_t* len = lens.data_ptr<int32_t>();
+  const int32_t* bounds = cu.data_ptr<int32_t>();
+  TORCH_CHECK_VALUE(bounds[0] == 0 && bounds[num_seqs] == query.size(0),
+                    "cu_query_lens must run from 0 to num_tokens (", query.size(0), ")");
+  check_block_ids(block_tables, key_cache.size(0));
+  const int num_kv_heads = static_cast<int>(key_cache.size(2));
+  const int group = static_cast<int>(query.size(1) / key_cache.size(2));
+  const int tokens_per_tile = std::max(1, kMaxTileRows / group);
+  std::vector<Tile> tiles;
+  for (int seq = 0; seq < num_seqs; ++seq) {
+    const int query_len = bounds[seq + 1] - bounds[seq];
+    TORCH_CHECK_VALUE(query_len >= 0, "cu_query_lens must be non-decreasing");
+    check_context_len(len[seq], query_len, "the chunk lengths in cu_query_lens",
+                      block_tables.size(1), key_cache.size(1));
+    const int prefix_len = len[seq] - query_len;
+    for (int start = 0; start < query_len; start += tokens_per_tile) {
+      const int num_tokens = std::min(tokens_per_tile, query_len - start);
+      for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+        tiles.push_back(
+            Tile{seq, kv_head, bounds[seq] + start, num_tokens, prefix_len + start});
+      }
+    }
+  }
+  return run(query, key_cache, value_cache, block_tables, tiles, scale);
+}
+
+TORCH_LIBRARY(quire_cpu, m) {
+  m.def(
+      "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
+  m.def(
+      "paged_prefill_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
+      "Tensor block_tables, Tensor cu_query_lens, Tensor context_lens, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(quire_cpu, CPU, m) {
+  m.impl("paged_decode_attention", &paged_decode_attention);
+  m.impl("paged_prefill_attention", &paged_prefill_attention);
+}
