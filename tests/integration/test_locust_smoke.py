@@ -37,7 +37,7 @@ def test_locust_run_has_requests_and_no_failures(stack: Stack, tmp_path: Path) -
         "-r",
         "4",
         "-t",
-        "10s",
+        "20s",
         "--stop-timeout",
         "10",
         "--host",
@@ -49,7 +49,7 @@ def test_locust_run_has_requests_and_no_failures(stack: Stack, tmp_path: Path) -
         "--only-summary",
     ]
     env = {**os.environ, **SMOKE_ENV}
-    run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    run = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
     log = (run.stdout + run.stderr)[-4000:]
     assert run.returncode == 0, log
 

@@ -21,12 +21,12 @@ def test_defaults() -> None:
     s = parse_settings([])
     assert (s.host, s.port, s.memory_manager) == ("127.0.0.1", 50061, "127.0.0.1:50051")
     assert (s.model, s.num_kv_blocks, s.block_size, s.enable_prefix_caching) == (
-        "models/quire-tiny",
+        "models/smollm2-135m-instruct",
         None,
         16,
         True,
     )
-    assert s.resolved_model_name() == "quire-tiny"
+    assert s.resolved_model_name() == "smollm2-135m-instruct"
     assert s.resolved_advertise_address(50061) == "127.0.0.1:50061"
     assert s.resolved_executor_id(50061) == f"{socket.gethostname()}:50061"
 

@@ -87,7 +87,7 @@ def test_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.max_pending_total == 7
     assert settings.executors == ["a:1", "b:2"]
     assert settings.model_name == "chat"
-    assert settings.extra_key == "quire-tiny"
+    assert settings.extra_key == "smollm2-135m-instruct"
     assert parse_settings(["--executors", "h:5"]).executors == ["h:5"]
     with pytest.raises(ValueError, match="host:port"):
         RouterSettings(executors="nope")  # type: ignore[arg-type]
@@ -100,9 +100,9 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (settings.host, settings.port, settings.model) == (
         "127.0.0.1",
         8000,
-        "models/quire-tiny",
+        "models/smollm2-135m-instruct",
     )
     assert settings.block_size == 16 and settings.redis_prefix == "quire"
-    assert settings.model_name == "quire-tiny"
+    assert settings.model_name == "smollm2-135m-instruct"
     for name, field in RouterSettings.model_fields.items():
         assert field.description, f"{name} has no description"
