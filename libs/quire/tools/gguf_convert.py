@@ -42,7 +42,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -56,6 +55,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import save_file
+
+from quire.tools.checkpoint_dir import written_whole
 
 logger = logging.getLogger(__name__)
 
@@ -280,11 +281,7 @@ def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path
     num_params = sum(t.numel() for t in weights.values())
     logger.info("weights: %s params in float32", f"{num_params:,}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    try:
-        tmp.chmod(0o755)
+    with written_whole(out) as tmp:
         _write_json(tmp / "config.json", config)
         generation_config = {
             "bos_token_id": config["bos_token_id"],
@@ -304,15 +301,6 @@ def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path
             "files": files,
         }
         _write_json(tmp / MANIFEST, manifest)
-        for path in tmp.iterdir():
-            path.chmod(0o644)  # safetensors writes 0600
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
     logger.info("wrote %s in %.1fs", out, time.perf_counter() - started)
     return out
 

@@ -17,9 +17,6 @@ import hashlib
 import json
 import logging
 import math
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +34,8 @@ from tokenizers import (
     processors,
     trainers,
 )
+
+from quire.tools.checkpoint_dir import written_whole
 
 logger = logging.getLogger(__name__)
 
@@ -419,11 +418,7 @@ def make_checkpoint(
     num_params = sum(t.numel() for t in weights.values())
     logger.info("weights: preset %s, seed %d, %s params (float32)", preset, seed, f"{num_params:,}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    try:
-        tmp.chmod(0o755)
+    with written_whole(out) as tmp:
         _write_json(tmp / "config.json", config)
         generation_config = {
             "bos_token_id": BOS_ID,
@@ -434,15 +429,6 @@ def make_checkpoint(
         _write_json(tmp / "generation_config.json", generation_config)
         _write_tokenizer(tmp, config)
         _write_weights(tmp, weights, shard_size_bytes)
-        for path in tmp.iterdir():
-            path.chmod(0o644)  # safetensors writes 0600
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if out.exists():
-        out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
     logger.info("wrote %s in %.1fs", out, time.perf_counter() - started)
     return out
 
