@@ -734,9 +734,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
             "dtypes": {},
         }
-        results["workloads"][name]["concurrency_ratio"] = results["workloads"][name]["concurrency"][
-            "concurrency_ratio"
-        ]
 
     for dtype in args.dtypes:
         llm = LLM(

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,7 @@ def build_workload(
         return make_workload(
             SYNTHETIC[name], n, seed, vocab_size, context_len, max_prompt_len, max_output_len
         )
-    conversations = sharegpt.read_conversations(data_path)
+    conversations = _conversations(data_path)
     if name == "sharegpt":
         sampled = sharegpt.sample_requests(conversations, tokenizer, n, seed)
         pairs = [(r.prompt_token_ids, r.output_len) for r in sampled]
@@ -148,6 +149,12 @@ def build_workload(
             f"{len(too_long)} {name} requests exceed the model's context ({context_len} tokens)"
         )
     return capped(name, pairs, max_prompt_len, max_output_len)
+
+
+@functools.cache
+def _conversations(path: Path) -> list[dict[str, Any]]:
+    """The trace, read once per process (each workload samples it twice: throughput, concurrency)."""
+    return sharegpt.read_conversations(path)
 
 
 def length_stats(lengths: list[int]) -> dict[str, float]:

@@ -56,7 +56,7 @@ def test_workload_figures_are_sane(results: dict) -> None:
     w = results["workloads"]["sharegpt"]
     assert w["num_requests"] == 4
     assert w["output_len"]["min"] >= 1
-    assert w["concurrency_ratio"] > 0
+    assert w["concurrency"]["concurrency_ratio"] > 0
     run = w["dtypes"]["float32"]
     assert run["vllm_tok_s"] is None and "skipped" in run["vllm_error"]
     for key in THROUGHPUT_KEYS:

@@ -110,3 +110,16 @@ def dense_causal_attention(
     key_positions = torch.arange(context_len, device=query.device)
     scores[:, key_positions[None, :] > query_positions[:, None]] = float("-inf")
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
+
+
+def dense_batch_attention(
+    batch: PagedBatch, query: torch.Tensor, query_lens: list[int], scale: float
+) -> torch.Tensor:
+    """dense_causal_attention for every sequence of a batch, rows concatenated (float64)."""
+    # query: [sum(query_lens), num_heads, head_dim], sequence by sequence
+    outputs, start = [], 0
+    for seq, query_len in enumerate(query_lens):
+        chunk = query[start : start + query_len]
+        outputs.append(dense_causal_attention(chunk, batch.keys[seq], batch.values[seq], scale))
+        start += query_len
+    return torch.cat(outputs)

@@ -15,7 +15,7 @@ from quire.kernels import cpp_attention, reference
 from tests.kernels.helpers import (
     PagedBatch,
     cu_lens,
-    dense_causal_attention,
+    dense_batch_attention,
     make_paged_batch,
     random_queries,
 )
@@ -53,15 +53,6 @@ TOLERANCES = {
 }
 
 
-def _dense(batch: PagedBatch, query: torch.Tensor, query_lens: list[int], scale: float):
-    outputs, start = [], 0
-    for seq, query_len in enumerate(query_lens):
-        chunk = query[start : start + query_len]
-        outputs.append(dense_causal_attention(chunk, batch.keys[seq], batch.values[seq], scale))
-        start += query_len
-    return torch.cat(outputs)
-
-
 def _decode(batch: PagedBatch, query: torch.Tensor, scale: float) -> torch.Tensor:
     return cpp_attention.paged_decode_attention(
         query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens, scale
@@ -85,7 +76,7 @@ def _prefill(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_SHAPES, ids=HEAD_SHAPE_IDS)
-def test_decode_matches_dense(
+def test_decode_matchesdense_batch_attention(
     num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> None:
     batch = make_paged_batch(DECODE_CONTEXT_LENS, num_kv_heads, head_dim, dtype=dtype)
@@ -95,14 +86,14 @@ def test_decode_matches_dense(
     out = _decode(batch, query, scale)
 
     assert out.dtype == dtype and out.shape == query.shape
-    expected = _dense(batch, query, [1] * len(DECODE_CONTEXT_LENS), scale)
+    expected = dense_batch_attention(batch, query, [1] * len(DECODE_CONTEXT_LENS), scale)
     torch.testing.assert_close(out.double(), expected, **TOLERANCES[dtype])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_SHAPES, ids=HEAD_SHAPE_IDS)
-def test_prefill_matches_dense(
+def test_prefill_matchesdense_batch_attention(
     num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> None:
     context_lens = [prefix + chunk for prefix, chunk in PREFILL_CHUNKS]
@@ -114,13 +105,13 @@ def test_prefill_matches_dense(
     out = _prefill(batch, query, query_lens, scale)
 
     assert out.dtype == dtype and out.shape == query.shape
-    expected = _dense(batch, query, query_lens, scale)
+    expected = dense_batch_attention(batch, query, query_lens, scale)
     torch.testing.assert_close(out.double(), expected, **TOLERANCES[dtype])
 
 
 # Sizes without a compiled specialization take the generic loops.
 @pytest.mark.parametrize(("head_dim", "block_size"), [(80, 16), (64, 8), (128, 32), (32, 1)])
-def test_generic_sizes_match_dense(head_dim: int, block_size: int) -> None:
+def test_generic_sizes_matchdense_batch_attention(head_dim: int, block_size: int) -> None:
     context_lens = [prefix + chunk for prefix, chunk in PREFILL_CHUNKS]
     query_lens = [chunk for _, chunk in PREFILL_CHUNKS]
     batch = make_paged_batch(context_lens, 2, head_dim, block_size)
@@ -128,14 +119,16 @@ def test_generic_sizes_match_dense(head_dim: int, block_size: int) -> None:
     query = random_queries(sum(query_lens), 8, head_dim)
     prefill = _prefill(batch, query, query_lens, scale)
     torch.testing.assert_close(
-        prefill.double(), _dense(batch, query, query_lens, scale), **TOLERANCES[torch.float32]
+        prefill.double(),
+        dense_batch_attention(batch, query, query_lens, scale),
+        **TOLERANCES[torch.float32],
     )
 
     decode_query = random_queries(len(context_lens), 8, head_dim)
     decode = _decode(batch, decode_query, scale)
     torch.testing.assert_close(
         decode.double(),
-        _dense(batch, decode_query, [1] * len(context_lens), scale),
+        dense_batch_attention(batch, decode_query, [1] * len(context_lens), scale),
         **TOLERANCES[torch.float32],
     )
 
@@ -148,7 +141,9 @@ def test_group_larger_than_a_tile() -> None:
     query = random_queries(sum(query_lens), 80, 64)
     out = _prefill(batch, query, query_lens, 0.125)
     torch.testing.assert_close(
-        out.double(), _dense(batch, query, query_lens, 0.125), **TOLERANCES[torch.float32]
+        out.double(),
+        dense_batch_attention(batch, query, query_lens, 0.125),
+        **TOLERANCES[torch.float32],
     )
 
 
@@ -221,7 +216,9 @@ def test_reads_strided_query_and_cache_views() -> None:
     )
 
     torch.testing.assert_close(
-        out.double(), _dense(batch, query, query_lens, 0.2), **TOLERANCES[torch.float32]
+        out.double(),
+        dense_batch_attention(batch, query, query_lens, 0.2),
+        **TOLERANCES[torch.float32],
     )
 
 

@@ -11,6 +11,7 @@ import torch
 from quire.kernels import reference
 from tests.kernels.helpers import (
     cu_lens,
+    dense_batch_attention,
     dense_causal_attention,
     make_paged_batch,
     random_queries,
@@ -24,15 +25,6 @@ DECODE_CONTEXT_LENS = [1, 15, 16, 17, 32, 33, 63, 64, 65, 130]
 # (cached prefix, chunk): fresh prompts, chunks crossing blocks, decode-like single tokens.
 PREFILL_CHUNKS = [(0, 1), (0, 15), (0, 16), (0, 17), (16, 17), (15, 18), (40, 1), (0, 33), (5, 70)]
 TOLERANCE = {"atol": 1e-5, "rtol": 1e-5}
-
-
-def _dense_outputs(batch, query: torch.Tensor, query_lens: list[int], scale: float):
-    outputs, start = [], 0
-    for seq, query_len in enumerate(query_lens):
-        chunk = query[start : start + query_len]
-        outputs.append(dense_causal_attention(chunk, batch.keys[seq], batch.values[seq], scale))
-        start += query_len
-    return torch.cat(outputs)
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -49,7 +41,7 @@ def test_decode_matches_dense(
         query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens, scale
     )
 
-    expected = _dense_outputs(batch, query, [1] * len(DECODE_CONTEXT_LENS), scale)
+    expected = dense_batch_attention(batch, query, [1] * len(DECODE_CONTEXT_LENS), scale)
     assert out.dtype == query.dtype
     torch.testing.assert_close(out.double(), expected, **TOLERANCE)
 
@@ -77,7 +69,7 @@ def test_prefill_matches_dense(
     )
 
     torch.testing.assert_close(
-        out.double(), _dense_outputs(batch, query, query_lens, scale), **TOLERANCE
+        out.double(), dense_batch_attention(batch, query, query_lens, scale), **TOLERANCE
     )
 
 
@@ -116,7 +108,7 @@ def test_prefill_skips_empty_chunks_and_reads_strided_query(device: str) -> None
     )
 
     torch.testing.assert_close(
-        out.double(), _dense_outputs(batch, query, query_lens, 0.2), **TOLERANCE
+        out.double(), dense_batch_attention(batch, query, query_lens, 0.2), **TOLERANCE
     )
 
 
