@@ -73,8 +73,7 @@ from benchmarks.engine_workloads import (
     length_stats,
 )
 from quire import LLM, SamplingParams
-from quire.engine.llm_engine import LLMEngine
-from quire.engine.scheduler import SchedulerOutput
+from quire.engine.llm_engine import LLMEngine, StepResult
 
 DEFAULT_MODEL = "models/smollm2-135m-instruct"
 BLOCK_SIZE = 16  # KV block size (tokens), every paged system
@@ -182,7 +181,7 @@ class StepSample:
     """KV occupancy right after one step's block allocation, before its forward pass."""
 
     time_s: float  # since the run started, at the end of the step
-    duration_s: float  # the step's wall time, probe excluded (the sample's weight)
+    duration_s: float  # the step's wall time, recording excluded (the sample's weight)
     num_running: int
     num_waiting: int
     num_tokens: int  # sum of seq.num_tokens over running sequences (all hold slots now)
@@ -207,74 +206,51 @@ class QuireRun:
     token_ids: list[list[int]]  # each request's output tokens, in workload order
 
 
-class _EngineProbe:
-    """Hooks one LLMEngine's allocator and runner (instance attributes, engine code untouched).
+class _StepRecorder:
+    """Turns each step's `StepStats` (and the queue it leaves) into a `StepSample`.
 
-    Its own time is measured so the caller can take it out of the engine's.
+    Reads the engine, never changes it; its own time is measured so the caller can take it
+    out of the engine's.
     """
 
-    def __init__(self, engine: LLMEngine, stub_forward: bool) -> None:
+    def __init__(self, engine: LLMEngine, reservations: dict[str, int]) -> None:
         self.engine = engine
-        self.stub_forward = stub_forward
+        self.reservations = reservations  # request id -> prompt_len + max_tokens
         self.overhead_s = 0.0
         self.num_tokens_computed = 0
         self.num_logit_rows = 0
         self.attention_context_sum = 0
         self.samples: list[StepSample] = []
-        self._partial: dict[str, Any] | None = None
-        self._refused = False
-        self._step_overhead_s = 0.0
-        self._allocator = engine.scheduler.allocator
-        self._allocate = self._allocator.step
-        self._execute = engine.runner.execute
-        self._allocator.step = self._allocate_hook  # type: ignore[method-assign]
-        engine.runner.execute = self._execute_hook  # type: ignore[method-assign]
 
-    def detach(self) -> None:
-        del self._allocator.step
-        del self.engine.runner.execute
-
-    def _allocate_hook(self, request: Any) -> Any:
-        result = self._allocate(request)
-        self._refused = self._refused or bool(result.not_admitted or result.preempted)
-        return result
-
-    def _execute_hook(self, step: SchedulerOutput) -> torch.Tensor:
+    def record(self, result: StepResult, time_s: float, duration_s: float) -> None:
         start = perf_counter()
-        engine = self.engine
-        running = engine.scheduler.running
-        num_rows = 0
-        for s in step.scheduled:
-            c, n = s.num_computed_tokens, s.num_new_tokens
-            self.num_tokens_computed += n
-            self.attention_context_sum += n * (2 * c + n + 1) // 2  # sum of (p + 1), p in [c, c+n)
-            num_rows += s.samples
-        self.num_logit_rows += num_rows
-        self._partial = {
-            "num_running": len(running),
-            "num_waiting": len(engine.scheduler.waiting),
-            "num_tokens": sum(s.num_tokens for s in running),
-            "num_block_slots": engine.allocator.stats().num_blocks_used
-            * engine.allocator.block_size,
-            "num_reserved_exact": sum(
-                s.num_prompt_tokens + s.request.params.max_tokens for s in running
-            ),
-            "num_reserved_context": len(running) * engine.max_model_len,
-            "pool_refused": self._refused,
-        }
-        self._refused = False
-        self._step_overhead_s += perf_counter() - start
-        if self.stub_forward:
-            return torch.zeros(num_rows, engine.model.config.vocab_size)
-        return self._execute(step)
-
-    def end_step(self, time_s: float, duration_s: float) -> None:
-        self.overhead_s += self._step_overhead_s
-        if self._partial is not None:
-            self.samples.append(
-                StepSample(time_s, duration_s - self._step_overhead_s, **self._partial)
+        stats = result.stats
+        self.num_tokens_computed += stats.num_scheduled_tokens
+        self.num_logit_rows += stats.num_sampled
+        self.attention_context_sum += stats.attended_context_tokens
+        allocator = self.engine.allocator
+        num_block_slots = allocator.stats().num_blocks_used * allocator.block_size
+        if num_block_slots == 0:
+            # The last step: everything finished and was freed at once (nothing to weigh).
+            self.overhead_s += perf_counter() - start
+            return
+        # Running when the step was scheduled: still running, or finished by this step.
+        running = {s.request.request_id for s in self.engine.scheduler.running}
+        running.update(d.request_id for d in result.outputs if d.finished)
+        self.samples.append(
+            StepSample(
+                time_s=time_s,
+                duration_s=duration_s,
+                num_running=stats.num_running,
+                num_waiting=stats.num_waiting,
+                num_tokens=stats.num_kv_tokens,
+                num_block_slots=num_block_slots,
+                num_reserved_exact=sum(self.reservations[r] for r in running),
+                num_reserved_context=stats.num_running * self.engine.max_model_len,
+                pool_refused=stats.is_pool_refusing,
             )
-        self._partial, self._step_overhead_s = None, 0.0
+        )
+        self.overhead_s += perf_counter() - start
 
 
 def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = False) -> QuireRun:
@@ -282,9 +258,11 @@ def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = Fal
     engine = llm.engine
     steps_before = engine.num_steps
     preemptions_before = engine.scheduler.num_preemptions
-    probe = _EngineProbe(engine, stub_forward)
+    engine.runner.skip_forward = stub_forward
     expected: dict[str, int] = {}
+    reservations: dict[str, int] = {}
     token_ids: dict[str, list[int]] = {}
+    recorder = _StepRecorder(engine, reservations)
     try:
         with tqdm(total=workload.num_output_tokens, desc=label, unit="tok") as bar:
             start = perf_counter()
@@ -293,35 +271,39 @@ def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = Fal
             ):
                 request_id = f"{label}-{i}"
                 expected[request_id] = n
+                reservations[request_id] = len(prompt) + n
+                token_ids[request_id] = []
                 params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
                 engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
             last = start
             while engine.has_unfinished_requests():
-                outputs = engine.step()
+                result = engine.step()
                 now = perf_counter()
-                probe.end_step(now - start, now - last)
-                last = now
-                for out in outputs:
+                recorder.record(result, now - start, now - last)
+                for out in result.outputs:
+                    tokens = token_ids[out.request_id]
+                    for seq in out.outputs:
+                        tokens.extend(seq.new_token_ids)
+                    bar.update(sum(len(seq.new_token_ids) for seq in out.outputs))
                     if out.finished:
-                        got = len(out.outputs[0].token_ids)
+                        got = len(tokens)
                         assert got == expected[out.request_id], (
                             f"{out.request_id} produced {got} tokens, asked for "
                             f"{expected[out.request_id]}"
                         )
-                        token_ids[out.request_id] = list(out.outputs[0].token_ids)
-                        bar.update(got)
-            wall_s = perf_counter() - start - probe.overhead_s
+                last = perf_counter()  # the next step's time starts here
+            wall_s = perf_counter() - start - recorder.overhead_s
     finally:
-        probe.detach()
+        engine.runner.skip_forward = False
     return QuireRun(
         wall_s=wall_s,
         num_output_tokens=workload.num_output_tokens,
         num_steps=engine.num_steps - steps_before,
         num_preemptions=engine.scheduler.num_preemptions - preemptions_before,
-        samples=probe.samples,
-        num_tokens_computed=probe.num_tokens_computed,
-        num_logit_rows=probe.num_logit_rows,
-        attention_context_sum=probe.attention_context_sum,
+        samples=recorder.samples,
+        num_tokens_computed=recorder.num_tokens_computed,
+        num_logit_rows=recorder.num_logit_rows,
+        attention_context_sum=recorder.attention_context_sum,
         token_ids=[token_ids[request_id] for request_id in expected],
     )
 

@@ -41,3 +41,35 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+
+# --- what the engine core emits each step: deltas, never whole lists --------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceDelta:
+    """What one output sequence gained in one engine step.
+
+    The engine core stops a sequence on EOS, a stop token id or a length limit; text and stop
+    strings are the output processor's (`quire.engine.output_processor`).
+    """
+
+    index: int
+    new_token_ids: list[int]
+    # One dict per new token when logprobs were asked for: token id -> Logprob (the top-k,
+    # then the sampled token if it was not among them).
+    new_logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float = 0.0  # of all the sequence's output tokens so far
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    stop_reason: int | None = None  # the stop token id that matched
+
+
+@dataclass(frozen=True, slots=True)
+class RequestDelta:
+    """One request's progress in one engine step: only the sequences that advanced."""
+
+    request_id: str
+    outputs: list[SequenceDelta]
+    finished: bool  # every output sequence has finished
+    num_prompt_tokens: int
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

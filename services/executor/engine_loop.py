@@ -4,8 +4,9 @@ Every other thread talks to it through a command list guarded by a condition var
 `add`, `abort`, `snapshot` and `abort_all` return a `concurrent.futures.Future` that the
 loop thread resolves. Before each step the loop runs every pending command; when there is
 neither work nor a command it sleeps on the condition (no busy spin). Each request has a
-sink, a callable the loop thread hands every `RequestOutput` of that request (and finally
-`ABORTED` or an `EngineFailure`); sinks must be cheap and thread-safe.
+sink, a callable the loop thread hands every `RequestDelta` of that request (and finally
+`ABORTED` or an `EngineFailure`); sinks must be cheap and thread-safe. Metrics come from each
+step's `StepStats` and deltas, never from the engine's queues.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import TypeAlias, TypeVar
 import structlog
 
 from quire.engine.llm_engine import LLMEngine
-from quire.engine.sequence import SeqStatus
-from quire.outputs import RequestOutput
+from quire.engine.stats import StepStats
+from quire.outputs import RequestDelta
 from quire.sampling_params import SamplingParams
 from services.executor.logs import RequestIds
 from services.executor.metrics import EngineSnapshot, ExecutorMetrics
@@ -45,7 +46,7 @@ class EngineFailure:
     message: str
 
 
-SinkEvent: TypeAlias = RequestOutput | Aborted | EngineFailure
+SinkEvent: TypeAlias = RequestDelta | Aborted | EngineFailure
 Sink = Callable[[SinkEvent], None]
 
 
@@ -87,7 +88,6 @@ class EngineLoop:
         # Owned by the loop thread only:
         self._sinks: dict[str, Sink] = {}
         self._timings: dict[str, _Timing] = {}
-        self._unscheduled: dict[str, float] = {}  # request id -> arrival, in FCFS order
         self._snapshot_at = 0.0
 
     # --- any thread ------------------------------------------------------------------------
@@ -130,8 +130,14 @@ class EngineLoop:
             lambda: self._add(request_id, prompt_token_ids, params, sink, arrived_at, trace_id)
         )
 
-    def abort(self, request_id: str) -> Future[bool]:
-        """Abort a request; its sink gets ABORTED. The Future says whether it was running."""
+    def abort(self, request_id: str, indices: tuple[int, ...] = ()) -> Future[bool]:
+        """Abort a request; its sink gets ABORTED. The Future says whether it was running.
+
+        With `indices`, end only those outputs (a stop string the router matched): their
+        last deltas, and the request's if that finishes it, reach the sink as usual.
+        """
+        if indices:
+            return self.submit(lambda: self.engine.finish_sequences(request_id, indices, "abort"))
         return self.submit(lambda: self._abort(request_id))
 
     def abort_all(self) -> Future[int]:
@@ -189,7 +195,6 @@ class EngineLoop:
         self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
         self._sinks[request_id] = sink
         self._timings[request_id] = _Timing(arrived_at)
-        self._unscheduled[request_id] = arrived_at
         self.request_ids.bind(request_id, trace_id or request_id)
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(prompt_token_ids))
@@ -204,13 +209,11 @@ class EngineLoop:
 
     def _forget(self, request_id: str) -> None:
         self._timings.pop(request_id, None)
-        self._unscheduled.pop(request_id, None)
         self.request_ids.release(request_id)
 
     def _step(self) -> None:
-        started = time.monotonic()
         try:
-            outputs = self.engine.step()
+            result = self.engine.step()
         except Exception as exc:
             log.exception("engine step failed; dropping every request")
             self._fail_all(f"engine step failed: {exc}")
@@ -220,37 +223,32 @@ class EngineLoop:
         finally:
             self.request_ids.step_done()
         now = time.monotonic()
-        self._observe_scheduled(started)
-        for output in outputs:
-            self._observe(output, now)
-            sink = self._sinks.get(output.request_id)
-            if output.finished:
-                self._sinks.pop(output.request_id, None)
-                self.request_ids.release(output.request_id)
+        self._observe_step(result.stats, now)
+        for delta in result.outputs:
+            self._observe(delta, now)
+            sink = self._sinks.get(delta.request_id)
+            if delta.finished:
+                self._sinks.pop(delta.request_id, None)
+                self.request_ids.release(delta.request_id)
             if sink is not None:
-                sink(output)
+                sink(delta)
 
-    def _observe_scheduled(self, started: float) -> None:
-        """Queue time of the requests this step scheduled for the first time.
+    def _observe_step(self, stats: StepStats, now: float) -> None:
+        """Queue time of the requests this step admitted for the first time."""
+        if self.metrics is None:
+            return
+        started = now - stats.total_s
+        for request_id in stats.first_scheduled:
+            timing = self._timings.get(request_id)
+            if timing is not None:
+                self.metrics.request_queue_time.observe(max(0.0, started - timing.arrived_at))
+        self.metrics.observe_step(stats)
 
-        Admission is FCFS, so the first request still waiting ends the scan.
-        """
-        requests = self.engine.requests
-        while self._unscheduled:
-            request_id, arrived_at = next(iter(self._unscheduled.items()))
-            request = requests.get(request_id)
-            if request is not None and request.seqs[0].status is SeqStatus.WAITING:
-                return
-            # Gone from the engine: it finished within the step that scheduled it.
-            del self._unscheduled[request_id]
-            if self.metrics is not None:
-                self.metrics.request_queue_time.observe(max(0.0, started - arrived_at))
-
-    def _observe(self, output: RequestOutput, now: float) -> None:
-        timing = self._timings.get(output.request_id)
+    def _observe(self, delta: RequestDelta, now: float) -> None:
+        timing = self._timings.get(delta.request_id)
         if timing is None:
             return
-        if any(o.token_ids for o in output.outputs):
+        if any(o.new_token_ids for o in delta.outputs):
             if timing.first_token_at is None:
                 timing.first_token_at = now
                 if self.metrics is not None:
@@ -258,9 +256,8 @@ class EngineLoop:
             elif timing.last_token_at is not None and self.metrics is not None:
                 self.metrics.inter_token_latency.observe(now - timing.last_token_at)
             timing.last_token_at = now
-        if output.finished:
-            del self._timings[output.request_id]
-            self._unscheduled.pop(output.request_id, None)
+        if delta.finished:
+            del self._timings[delta.request_id]
             if self.metrics is not None:
                 self.metrics.e2e_request_latency.observe(now - timing.arrived_at)
 
@@ -286,8 +283,6 @@ class EngineLoop:
             kv_blocks_total=stats.allocator.num_blocks_total,
             kv_blocks_used=stats.allocator.num_blocks_used,
             kv_blocks_cached=stats.allocator.num_blocks_cached,
-            num_preemptions=stats.num_preemptions,
-            num_generated_tokens=stats.num_generated_tokens,
             prefix_cache_queries=stats.allocator.prefix_cache_queries,
             prefix_cache_hits=stats.allocator.prefix_cache_hits,
         )

@@ -27,6 +27,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from quire.engine.stats import StepStats
+
 # vLLM's buckets (seconds).
 _TTFT_BUCKETS: tuple[float, ...] = (
     *(0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0),
@@ -51,8 +53,6 @@ class EngineSnapshot:
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
     kv_blocks_cached: int = 0
-    num_preemptions: int = 0  # since start
-    num_generated_tokens: int = 0  # since start
     prefix_cache_queries: int = 0  # prompt tokens looked up, since the pool was created
     prefix_cache_hits: int = 0  # of those, found cached
 
@@ -126,15 +126,18 @@ class ExecutorMetrics:
             prefix_cache_hits=snapshot.prefix_cache_hits,
         )
         # max(0, ...): totals can go back when the memory manager restarts and forgets them.
-        self.num_preemptions.inc(max(0, snapshot.num_preemptions - last.num_preemptions))
-        self.generation_tokens.inc(
-            max(0, snapshot.num_generated_tokens - last.num_generated_tokens)
-        )
         self.prefix_cache_queries.inc(
             max(0, snapshot.prefix_cache_queries - last.prefix_cache_queries)
         )
         self.prefix_cache_hits.inc(max(0, snapshot.prefix_cache_hits - last.prefix_cache_hits))
         self._last = snapshot
+
+    def observe_step(self, stats: StepStats) -> None:
+        """Count one engine step's generated tokens and preemptions."""
+        if stats.num_sampled:
+            self.generation_tokens.inc(stats.num_sampled)
+        if stats.num_preempted:
+            self.num_preemptions.inc(stats.num_preempted)
 
     def serve(self, host: str, port: int) -> Any:
         """Start the /metrics HTTP server thread; returns the server (call shutdown())."""

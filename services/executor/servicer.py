@@ -12,11 +12,10 @@ from typing import Any
 import grpc
 import structlog
 
-from quire.outputs import RequestOutput
+from quire.outputs import RequestDelta
 from quire.rpc import executor_pb2 as pb
 from quire.rpc import executor_pb2_grpc
 from quire.sampling_params import SamplingParams
-from services.executor.convert import DeltaTracker, sampling_params_from_proto
 from services.executor.engine_loop import (
     Aborted,
     DuplicateRequestError,
@@ -25,6 +24,7 @@ from services.executor.engine_loop import (
     SinkEvent,
 )
 from services.executor.logs import safe_request_id
+from services.wire.executor import aborted_response, delta_to_proto, params_from_proto
 
 log = structlog.get_logger("quire.executor.servicer")
 
@@ -65,7 +65,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
         try:
-            params = sampling_params_from_proto(request.params)
+            params = params_from_proto(request.params)
             self._check_limits(request, params)
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -106,7 +106,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 num_prompt_tokens=len(prompt_token_ids),
                 **({"prompt_token_ids": prompt_token_ids} if self.log_prompts else {}),
             )
-            tracker = DeltaTracker(params)
+            progress = _StreamProgress(params.n, params.logprobs or 0)
             while not finished:
                 event = await events.get()
                 if isinstance(event, EngineFailure):
@@ -115,16 +115,15 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 if isinstance(event, Aborted):
                     finished = True
                     rlog.info("request aborted")
-                    yield tracker.aborted(len(prompt_token_ids))
+                    yield progress.aborted(len(prompt_token_ids))
                     return
-                assert isinstance(event, RequestOutput)
-                response = tracker.response(event)
+                assert isinstance(event, RequestDelta)
+                response = progress.response(event)
                 finished = event.finished
                 if finished:
                     # Before the last yield: the caller may cancel the call once it has it.
-                    self._log_finished(rlog, event)
-                if response is not None:
-                    yield response
+                    self._log_finished(rlog, progress)
+                yield response
         finally:
             if submitted and not finished:
                 # The client went away (or the stream failed): free the request's blocks.
@@ -143,23 +142,24 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 f"of {max_model_len} tokens"
             )
 
-    def _log_finished(self, rlog: Any, output: RequestOutput) -> None:
+    def _log_finished(self, rlog: Any, progress: _StreamProgress) -> None:
         rlog.info(
             "request finished",
-            num_output_tokens=sum(len(o.token_ids) for o in output.outputs),
-            finish_reasons=[o.finish_reason for o in output.outputs],
-            num_cached_tokens=output.num_cached_tokens,
-            **({"outputs": [o.text for o in output.outputs]} if self.log_prompts else {}),
+            num_output_tokens=sum(len(t) for t in progress.token_ids),
+            finish_reasons=progress.finish_reasons,
+            num_cached_tokens=progress.num_cached_tokens,
+            **({"output_token_ids": progress.token_ids} if self.log_prompts else {}),
         )
 
     async def Abort(
         self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
     ) -> pb.AbortResponse:
+        indices = tuple(request.indices)
         try:
-            found = await asyncio.wrap_future(self.loop.abort(request.request_id))
+            found = await asyncio.wrap_future(self.loop.abort(request.request_id, indices))
         except RuntimeError:  # the loop stopped, which aborted everything
             found = False
-        log.info("abort", engine_request_id=request.request_id, found=found)
+        log.info("abort", engine_request_id=request.request_id, indices=indices, found=found)
         return pb.AbortResponse(found=found)
 
     async def GetStatus(
@@ -194,3 +194,25 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self.num_active_streams -= 1
         if self.num_active_streams == 0:
             self._streams_done.set()
+
+
+class _StreamProgress:
+    """What one Generate stream has sent: per output, its tokens (for logs) and finish."""
+
+    def __init__(self, n: int, num_top_logprobs: int) -> None:
+        self.num_top_logprobs = num_top_logprobs
+        self.token_ids: list[list[int]] = [[] for _ in range(n)]
+        self.finish_reasons: list[str | None] = [None] * n
+        self.num_cached_tokens = 0
+
+    def response(self, delta: RequestDelta) -> pb.GenerateResponse:
+        self.num_cached_tokens = delta.num_cached_tokens
+        for seq in delta.outputs:
+            self.token_ids[seq.index].extend(seq.new_token_ids)
+            if seq.finish_reason is not None:
+                self.finish_reasons[seq.index] = seq.finish_reason
+        return delta_to_proto(delta, self.num_top_logprobs)
+
+    def aborted(self, num_prompt_tokens: int) -> pb.GenerateResponse:
+        unfinished = [i for i, reason in enumerate(self.finish_reasons) if reason is None]
+        return aborted_response(unfinished, num_prompt_tokens, self.num_cached_tokens)

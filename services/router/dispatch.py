@@ -8,6 +8,7 @@ marked down for a few seconds and the request is routed again, to another execut
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ import grpc
 import structlog
 
 from quire.cluster.routing import Candidate, RoutingConfig, RoutingDecision, choose_executor
-from quire.rpc import executor_pb2
+from quire.rpc import executor_pb2, executor_pb2_grpc
 from services.router.admission import ALL_EXECUTORS_FULL, Admission, current_ticket
 from services.router.cluster import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
@@ -32,18 +33,21 @@ class ExecutorStream:
     """A Generate call whose first response has arrived; holds one admission slot."""
 
     executor_id: str
+    request_id: str  # the executor request's id (what Abort names)
     call: grpc.aio.UnaryStreamCall[executor_pb2.GenerateRequest, executor_pb2.GenerateResponse]
+    stub: executor_pb2_grpc.ExecutorStub
     first: executor_pb2.GenerateResponse
     dispatcher: Dispatcher
     closed: bool = field(default=False)
+    _aborts: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def responses(self) -> AsyncIterator[executor_pb2.GenerateResponse]:
-        """Every response, the first included, until the finished one."""
+        """Every response, the first included, until the finished one (or `close()`)."""
         try:
             response = self.first
             while True:
                 yield response
-                if response.finished:
+                if response.finished or self.closed:
                     return
                 following = await self.call.read()
                 if following is grpc.aio.EOF:
@@ -58,6 +62,25 @@ class ExecutorStream:
             raise from_grpc(error, self.executor_id) from error
         finally:
             self.close()
+
+    def end_outputs(self, indices: list[int]) -> None:
+        """Ask the executor to stop generating some outputs (stop strings matched here).
+
+        Best effort, in the background: an output that is not stopped in time ends by its
+        length, and whatever it makes after the stop is ignored here.
+        """
+        if self.closed:
+            return
+        request = executor_pb2.AbortRequest(request_id=self.request_id, indices=indices)
+        task = asyncio.ensure_future(self._abort(request))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _abort(self, request: executor_pb2.AbortRequest) -> None:
+        try:
+            await self.stub.Abort(request, timeout=5.0)
+        except grpc.aio.AioRpcError as error:
+            log.info("abort of stopped outputs failed", error=error.details())
 
     def close(self) -> None:
         """Cancel the call if it still runs (the executor aborts it) and free the slot."""
@@ -168,7 +191,8 @@ class Dispatcher:
             if not self.admission.try_acquire(decision.executor_id, current_ticket.get()):
                 raise self.too_many("the chosen executor filled up meanwhile; retry later")
             self.metrics.in_flight.inc()
-            call = self.clients.stub(decision.address).Generate(
+            stub = self.clients.stub(decision.address)
+            call = stub.Generate(
                 request,
                 timeout=self.request_timeout_s,
                 metadata=metadata,
@@ -199,7 +223,7 @@ class Dispatcher:
             assert isinstance(first, executor_pb2.GenerateResponse)
             self.metrics.ttft.observe(time.monotonic() - arrival)
             self.metrics.observe_prompt(first.num_prompt_tokens, first.num_cached_tokens)
-            return ExecutorStream(decision.executor_id, call, first, self)
+            return ExecutorStream(decision.executor_id, request_id, call, stub, first, self)
         raise self.unavailable(f"no executor answered after {self.max_retries + 1} attempts")
 
     def release(self, executor_id: str) -> None:

@@ -1,12 +1,11 @@
-"""gRPC clients of the executors: one channel per address, SamplingParams on the wire."""
+"""gRPC clients of the executors: one channel per address."""
 
 from __future__ import annotations
 
 import grpc
 
 from quire.cluster import tls
-from quire.rpc import executor_pb2, executor_pb2_grpc
-from quire.sampling_params import SamplingParams
+from quire.rpc import executor_pb2_grpc
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -42,28 +41,3 @@ class ExecutorClients:
             await channel.close(grace=None)
         self._channels.clear()
         self._stubs.clear()
-
-
-def params_to_proto(params: SamplingParams) -> executor_pb2.SamplingParams:
-    """quire.SamplingParams as the executor's wire message (every field set explicitly)."""
-    wire = executor_pb2.SamplingParams(
-        n=params.n,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k or 0,
-        min_p=params.min_p,
-        max_tokens=params.max_tokens,
-        stop=list(params.stop),
-        stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        include_stop_str_in_output=params.include_stop_str_in_output,
-        skip_special_tokens=params.skip_special_tokens,
-    )
-    if params.seed is not None:
-        wire.seed = params.seed % 2**64
-    if params.logprobs is not None:
-        wire.logprobs = params.logprobs
-    return wire

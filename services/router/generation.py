@@ -16,11 +16,11 @@ from typing import Any
 import structlog
 
 from quire.block.hashing import hash_full_blocks
+from quire.engine.output_processor import SequenceText
 from quire.rpc import executor_pb2
 from quire.sampling_params import SamplingParams
 from services.router.dispatch import Dispatcher, ExecutorStream
-from services.router.executor_client import params_to_proto
-from services.router.output import OutputState
+from services.wire.executor import delta_from_proto, params_to_proto
 
 log = structlog.get_logger("router.generation")
 
@@ -30,7 +30,7 @@ class PromptRun:
     """One prompt's executor stream and its n output sequences."""
 
     stream: ExecutorStream
-    outputs: list[OutputState]
+    outputs: list[SequenceText]
     num_prompt_tokens: int
     num_cached_tokens: int = 0
 
@@ -55,7 +55,7 @@ class Generation:
         self.runs = runs
         self.n = n
         self.log_outputs = log_outputs  # log every choice's text once the request ends
-        self.choices: list[OutputState] = [o for run in runs for o in run.outputs]
+        self.choices: list[SequenceText] = [o for run in runs for o in run.outputs]
 
     @property
     def executor_ids(self) -> str:
@@ -75,11 +75,19 @@ class Generation:
             run.num_prompt_tokens = response.num_prompt_tokens
         run.num_cached_tokens = max(run.num_cached_tokens, response.num_cached_tokens)
         touched = []
-        for delta in response.outputs:
+        stopped = []
+        for delta in delta_from_proto(run.stream.request_id, response).outputs:
             if delta.index >= self.n:
                 continue
-            run.outputs[delta.index].add(delta)
+            if run.outputs[delta.index].add(delta):
+                stopped.append(delta.index)
             touched.append(run_index * self.n + delta.index)
+        if stopped and not response.finished:
+            # A stop string matched here: the executor only stops on tokens and lengths.
+            if all(o.is_finished for o in run.outputs):
+                run.stream.close()
+            else:
+                run.stream.end_outputs(stopped)
         if response.finished:
             for j, output in enumerate(run.outputs):
                 if not output.is_finished:
@@ -183,7 +191,7 @@ async def start_generation(
     runs = [
         PromptRun(
             stream=s,
-            outputs=[OutputState(tokenizer, ids, params, stream) for _ in range(params.n)],
+            outputs=[SequenceText(tokenizer, ids, params, stream) for _ in range(params.n)],
             num_prompt_tokens=len(ids),
         )
         for s, ids in zip(streams, prompts, strict=True)

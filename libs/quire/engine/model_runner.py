@@ -1,20 +1,51 @@
-"""ModelRunner: owns the weights and the physical KV cache; runs one SchedulerOutput."""
+"""ModelRunner: owns the weights and the physical KV cache; runs one SchedulerOutput.
+
+`execute` is the step's middle part: block copies, the forward pass over the flattened tokens
+of every scheduled sequence, and sampling; it returns a `ModelRunnerOutput` and changes no
+sequence (the engine's update part applies it).
+"""
 
 from __future__ import annotations
+
+import time
+from dataclasses import dataclass
 
 import torch
 
 import quire.kernels as kernels
-from quire.engine.scheduler import SchedulerOutput
+from quire.engine.sampler import SampleRow, sample
+from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
+from quire.engine.sequence import Sequence
 from quire.model.attention import AttentionMetadata
 from quire.model.config import ModelConfig
 from quire.model.llama import KVCache, LlamaModel
+from quire.outputs import Logprob
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers, keys and values."""
     elem = torch.empty(0, dtype=dtype).element_size()
     return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+
+
+@dataclass(frozen=True, slots=True)
+class SampledToken:
+    """One token drawn from the last logits row of `seq`'s chunk, for output `index`."""
+
+    seq: Sequence
+    index: int  # differs from seq.index only on an n>1 request's first token (a fork)
+    token_id: int
+    logprob: float  # of the token under the unprocessed distribution
+    top_logprobs: dict[int, Logprob] | None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRunnerOutput:
+    """What the model produced for one step, in `step.scheduled` order."""
+
+    sampled: list[SampledToken]
+    forward_s: float  # copies, inputs and the forward pass (logits included)
+    sample_s: float
 
 
 class ModelRunner:
@@ -32,6 +63,8 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
+        # Zero logits instead of the forward pass: measures the engine's own overhead.
+        self.skip_forward = False
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
         # Zeroed, not empty: never-written slots must not hold NaNs a masked kernel could touch.
         self.kv_caches: list[KVCache] = [
@@ -42,8 +75,19 @@ class ModelRunner:
             for _ in range(c.num_layers)
         ]
 
-    def execute(self, step: SchedulerOutput) -> torch.Tensor:
+    def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        """Run the step's tokens through the model and sample every due output."""
+        started = time.perf_counter()
+        logits = self.compute_logits(step)
+        forwarded = time.perf_counter()
+        sampled = _sample(logits, [s for s in step.scheduled if s.samples])
+        return ModelRunnerOutput(sampled, forwarded - started, time.perf_counter() - forwarded)
+
+    def compute_logits(self, step: SchedulerOutput) -> torch.Tensor:
         """Logits `[num_sampling_seqs, vocab]` float32, rows in `step.scheduled` order."""
+        if self.skip_forward:
+            num_rows = sum(s.samples for s in step.scheduled)
+            return torch.zeros(num_rows, self.model.config.vocab_size, device=self.device)
         if step.copies:
             mapping = torch.tensor(step.copies, dtype=torch.int64, device=self.device)
             kernels.copy_blocks(
@@ -85,3 +129,32 @@ class ModelRunner:
         if not sample_rows:
             return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[t(sample_rows, torch.int64)])
+
+
+def _sample(logits: torch.Tensor, due: list[ScheduledSeq]) -> list[SampledToken]:
+    """One draw per (sequence, output index); an n>1 fork draws n times from one row."""
+    rows: list[SampleRow] = []
+    targets: list[tuple[Sequence, int]] = []
+    row_index: list[int] = []
+    for row, s in enumerate(due):
+        seq, request = s.seq, s.seq.request
+        for index in s.sample_indices:
+            rows.append(
+                SampleRow(
+                    request.params,
+                    seq.token_ids,
+                    len(request.prompt_token_ids),
+                    request.generators[index],
+                )
+            )
+            targets.append((seq, index))
+            row_index.append(row)
+    if not rows:
+        return []
+    if row_index != list(range(len(due))):
+        logits = logits[torch.tensor(row_index, device=logits.device)]
+    results = sample(logits, rows)
+    return [
+        SampledToken(seq, index, r.token_id, r.logprob, r.top_logprobs)
+        for (seq, index), r in zip(targets, results, strict=True)
+    ]

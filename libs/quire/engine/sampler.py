@@ -15,9 +15,14 @@ class SampleRow:
     """One row of logits to sample from, and whose history penalties look at."""
 
     params: SamplingParams
-    prompt_token_ids: list[int]
-    output_token_ids: list[int]
+    # The sequence's tokens, prompt first (not copied: only penalties slice it).
+    token_ids: list[int]
+    num_prompt_tokens: int
     generator: torch.Generator | None
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
 
 
 @dataclass
@@ -60,7 +65,7 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
             continue
         if p.repetition_penalty != 1.0:
             seen = torch.tensor(
-                sorted(set(row.prompt_token_ids) | set(row.output_token_ids)),
+                sorted(set(row.token_ids)),
                 dtype=torch.long,
                 device=logits.device,
             )
@@ -68,9 +73,10 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
             logits[i, seen] = torch.where(
                 vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty
             )
-        if row.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+        output_token_ids = row.output_token_ids
+        if output_token_ids and (p.presence_penalty or p.frequency_penalty):
             counts = torch.bincount(
-                torch.tensor(row.output_token_ids, device=logits.device), minlength=vocab
+                torch.tensor(output_token_ids, device=logits.device), minlength=vocab
             )[:vocab].to(logits.dtype)
             logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
     return logits

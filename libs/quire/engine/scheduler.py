@@ -7,6 +7,7 @@ allocator for room in ONE batched call, and emits a `SchedulerOutput`.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -46,7 +47,14 @@ class ScheduledSeq:
     num_computed_tokens: int
     num_new_tokens: int
     block_table: list[int]
-    samples: bool  # this chunk reaches the sequence's end, so a token is sampled
+    # Output indices sampled from this chunk's last logits row: empty until the chunk reaches
+    # the sequence's end; every index 0..n-1 on an n>1 request's first token (the fork);
+    # otherwise the sequence's own index.
+    sample_indices: tuple[int, ...]
+
+    @property
+    def samples(self) -> bool:
+        return bool(self.sample_indices)
 
 
 @dataclass
@@ -56,6 +64,10 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks
     preempted: list[Sequence] = field(default_factory=list)
+    num_not_admitted: int = 0  # waiting sequences offered to the pool and refused
+    # Request ids admitted to the pool for the first time (their queue wait ends here).
+    first_scheduled: list[str] = field(default_factory=list)
+    allocator_s: float = 0.0  # the allocator call's wall time
 
     @property
     def num_tokens(self) -> int:
@@ -108,9 +120,24 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def flush(self) -> None:
-        """Send pending frees and commits now (when idle, nothing else would carry them)."""
+        """Send pending forks, commits and frees now (when idle, nothing else would carry them)."""
         if self._pending_frees or self._pending_commits or self._pending_forks:
-            self.schedule()
+            self.allocator.step(self._take_pending())
+
+    def _take_pending(
+        self,
+        appends: tuple[AppendRequest, ...] = (),
+        admits: tuple[AdmitRequest, ...] = (),
+    ) -> StepAllocation:
+        request = StepAllocation(
+            forks=tuple(self._pending_forks),
+            commits=tuple(CommitRequest(k, v) for k, v in self._pending_commits.items()),
+            frees=tuple(self._pending_frees),
+            appends=appends,
+            admits=admits,
+        )
+        self._pending_frees, self._pending_forks, self._pending_commits = [], [], {}
+        return request
 
     # --- one step --------------------------------------------------------------------------
 
@@ -132,10 +159,7 @@ class Scheduler:
             plan[seq.seq_id] = min(seq.num_tokens, budget)
             budget -= plan[seq.seq_id]
 
-        request = StepAllocation(
-            forks=tuple(self._pending_forks),
-            commits=tuple(CommitRequest(k, v) for k, v in self._pending_commits.items()),
-            frees=tuple(self._pending_frees),
+        request = self._take_pending(
             appends=tuple(
                 AppendRequest(s.seq_id, tuple(s.token_ids[s.num_allocated_tokens :]))
                 for s in self.running
@@ -144,10 +168,13 @@ class Scheduler:
                 AdmitRequest(s.seq_id, tuple(s.token_ids), self.config.extra_key) for s in admits
             ),
         )
-        self._pending_frees, self._pending_forks, self._pending_commits = [], [], {}
+        started = time.perf_counter()
         result = self.allocator.step(request)
-
-        out = SchedulerOutput(copies=list(result.copies))
+        out = SchedulerOutput(
+            copies=list(result.copies),
+            num_not_admitted=len(result.not_admitted),
+            allocator_s=time.perf_counter() - started,
+        )
         by_id = {s.seq_id: s for s in self.running}
         for seq_id in result.preempted:
             seq = by_id[seq_id]
@@ -171,6 +198,9 @@ class Scheduler:
             if seq.index == 0 and seq.request.num_cached_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
             seq.block_table = result.block_tables[seq.seq_id]
+            if not seq.request.was_scheduled:
+                seq.request.was_scheduled = True
+                out.first_scheduled.append(seq.request.request_id)
             self.running.append(seq)
             n = min(plan[seq.seq_id], seq.num_tokens - seq.num_computed_tokens)
             out.scheduled.append(self._scheduled(seq, n))
@@ -179,9 +209,13 @@ class Scheduler:
 
     @staticmethod
     def _scheduled(seq: Sequence, num_new_tokens: int) -> ScheduledSeq:
-        samples = seq.num_computed_tokens + num_new_tokens == seq.num_tokens
+        indices: tuple[int, ...] = ()
+        if seq.num_computed_tokens + num_new_tokens == seq.num_tokens:
+            n = seq.request.params.n
+            is_first_of_many = n > 1 and len(seq.request.seqs) == 1
+            indices = tuple(range(n)) if is_first_of_many else (seq.index,)
         return ScheduledSeq(
-            seq, seq.num_computed_tokens, num_new_tokens, list(seq.block_table), samples
+            seq, seq.num_computed_tokens, num_new_tokens, list(seq.block_table), indices
         )
 
     def _requeue(self, seq: Sequence) -> None:

@@ -7,8 +7,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quire.engine.detokenizer import IncrementalDetokenizer
-from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
 
 
@@ -31,17 +29,13 @@ class Sequence:
     index: int  # position among the request's n outputs
     token_ids: list[int]
     arrival: int  # global FCFS order (ties broken by index)
-    detokenizer: IncrementalDetokenizer
-    generator: torch.Generator | None = None
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0
     num_allocated_tokens: int = 0  # tokens the block allocator already holds slots for
     block_table: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] | None = None
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    text_len_emitted: int = 0  # characters of text already streamed
+    stop_reason: int | None = None  # the stop token id that ended it
 
     @property
     def num_tokens(self) -> int:
@@ -63,6 +57,10 @@ class Sequence:
     def priority(self) -> tuple[int, int]:
         return (self.arrival, self.index)
 
+    @property
+    def generator(self) -> torch.Generator | None:
+        return self.request.generators[self.index]
+
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
 
@@ -78,6 +76,14 @@ class Request:
     arrival: int
     seqs: list[Sequence] = field(default_factory=list)
     num_cached_tokens: int = 0
+    was_scheduled: bool = False  # admitted to the pool at least once
+    # One per output index, seeded at arrival (None for greedy): output i draws from
+    # generators[i] from its first token on, forked or not.
+    generators: list[torch.Generator | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.generators:
+            self.generators = [None] * self.params.n
 
     def is_finished(self) -> bool:
         return len(self.seqs) == self.params.n and all(s.is_finished() for s in self.seqs)

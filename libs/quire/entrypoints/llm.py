@@ -8,7 +8,10 @@ from collections.abc import Iterator, Sequence
 from tqdm.auto import tqdm
 
 from quire.config import EngineConfig
-from quire.engine.llm_engine import EngineStats, LLMEngine, Prompt
+from quire.engine.inputs import Prompt
+from quire.engine.llm_engine import LLMEngine
+from quire.engine.output_processor import OutputProcessor
+from quire.engine.stats import EngineStats
 from quire.outputs import RequestOutput
 from quire.sampling_params import SamplingParams
 
@@ -43,6 +46,7 @@ class LLM:
                 seed=seed,
             )
         )
+        self.processor = OutputProcessor(self.engine.tokenizer)
         self._ids = itertools.count()
 
     def get_tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
@@ -75,20 +79,26 @@ class LLM:
                 raise ValueError(
                     f"got {len(params_list)} sampling_params for {len(prompts)} prompts"
                 )
+        tokenized = []
         for i, prompt in enumerate(prompts):
             try:
-                self.engine.tokenize(prompt)
+                tokenized.append(self.engine.tokenize(prompt))
             except ValueError as exc:
                 raise ValueError(f"prompts[{i}]: {exc}") from exc
         ids = [f"gen-{next(self._ids)}" for _ in prompts]
         added: list[str] = []
         try:
-            for request_id, prompt, params in zip(ids, prompts, params_list, strict=True):
-                self.engine.add_request(request_id, prompt, params)
+            for request_id, (text, token_ids), params in zip(
+                ids, tokenized, params_list, strict=True
+            ):
+                prompt_ids = {"prompt": text, "prompt_token_ids": token_ids}
+                self.engine.add_request(request_id, prompt_ids, params)
+                self.processor.add_request(request_id, text, token_ids, params)
                 added.append(request_id)
         except ValueError:
             for request_id in added:
                 self.engine.abort_request(request_id)
+                self.processor.abort_request(request_id)
             raise
         finals: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="generate", disable=not use_tqdm, unit="req") as bar:
@@ -99,7 +109,10 @@ class LLM:
 
     def _run(self, pending: set[str]) -> Iterator[RequestOutput]:
         while pending:
-            for output in self.engine.step():
-                if output.finished and output.request_id in pending:
+            processed = self.processor.process(self.engine.step().outputs)
+            for request_id, indices in processed.stopped:
+                self.engine.finish_sequences(request_id, indices, "abort")
+            for output in processed.finished:
+                if output.request_id in pending:
                     pending.discard(output.request_id)
                     yield output

@@ -64,7 +64,13 @@ def _response(
         ChatChoice(
             index=index,
             message=ChatResponseMessage(content=output.text),
-            logprobs=chat_logprobs(state.token_text, output.logprobs) if body.logprobs else None,
+            logprobs=(
+                chat_logprobs(
+                    state.token_text, output.token_ids, output.logprobs or [], output.num_logprobs
+                )
+                if body.logprobs
+                else None
+            ),
             finish_reason=output.finish_reason,
             stop_reason=output.stop_reason,
         )
@@ -95,7 +101,7 @@ async def _chunks(
         for index in touched:
             output = generation.choices[index]
             text = output.take_text()
-            _, logprobs, _ = output.take_tokens()
+            token_ids, logprobs, _ = output.take_tokens()
             finish = None
             if output.is_finished and index not in finish_sent:
                 finish = output.finish_reason
@@ -106,7 +112,11 @@ async def _chunks(
                 ChatChunkChoice(
                     index=index,
                     delta=DeltaMessage(content=text) if text else DeltaMessage(),
-                    logprobs=chat_logprobs(state.token_text, logprobs) if body.logprobs else None,
+                    logprobs=(
+                        chat_logprobs(state.token_text, token_ids, logprobs, output.num_logprobs)
+                        if body.logprobs
+                        else None
+                    ),
                     finish_reason=finish,
                     stop_reason=output.stop_reason if finish else None,
                 )

@@ -56,7 +56,13 @@ def _response(
     for index, output in enumerate(generation.choices):
         logprobs = None
         if body.logprobs is not None:
-            logprobs = completion_logprobs(state.token_text, output.logprobs, output.text_offsets)
+            logprobs = completion_logprobs(
+                state.token_text,
+                output.token_ids,
+                output.logprobs or [],
+                output.text_offsets,
+                output.num_logprobs,
+            )
         choices.append(
             CompletionChoice(
                 index=index,
@@ -97,7 +103,9 @@ async def _chunks(
                     index=index,
                     text=text,
                     logprobs=(
-                        completion_logprobs(state.token_text, logprobs, offsets)
+                        completion_logprobs(
+                            state.token_text, token_ids, logprobs, offsets, output.num_logprobs
+                        )
                         if body.logprobs is not None
                         else None
                     ),

@@ -37,8 +37,9 @@ def test_bad_sampling_params_name_the_field(kwargs: dict, field: str) -> None:
 
 def test_bad_prompts_raise_and_disturb_nothing_in_flight(llm: LLM) -> None:
     engine = llm.engine
-    engine.add_request("keep", "A story about a cat", SamplingParams(temperature=0, max_tokens=8))
-    engine.step()
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    engine.add_request("keep", "A story about a cat", params)
+    deltas = list(engine.step().outputs)
     with pytest.raises(ValueError, match="empty"):
         llm.generate([""], use_tqdm=False)
     with pytest.raises(ValueError, match="context"):
@@ -49,11 +50,11 @@ def test_bad_prompts_raise_and_disturb_nothing_in_flight(llm: LLM) -> None:
         llm.generate(["fine", ""], use_tqdm=False)
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("keep", "again", SamplingParams())
-    outputs = []
     while engine.has_unfinished_requests():
-        outputs.extend(engine.step())
-    final = [o for o in outputs if o.request_id == "keep" and o.finished]
-    assert len(final) == 1 and len(final[0].outputs[0].token_ids) >= 1
+        deltas.extend(engine.step().outputs)
+    keep = [d for d in deltas if d.request_id == "keep"]
+    assert [d.finished for d in keep].count(True) == 1 and keep[-1].finished
+    assert sum(len(s.new_token_ids) for d in keep for s in d.outputs) == 8
     assert engine.allocator.stats().num_blocks_used == 0
 
 
@@ -91,12 +92,13 @@ def test_streaming_is_incremental_and_abort_frees_blocks(llm: LLM) -> None:
     params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
     engine.add_request("s", "Streaming text", params)
     engine.add_request("a", "To be aborted " * 5, params)
-    lengths = []
+    new_tokens = []
     for _ in range(5):
-        for out in engine.step():
+        for out in engine.step().outputs:
             if out.request_id == "s":
-                lengths.append(len(out.outputs[0].token_ids))
-    assert lengths == sorted(lengths) and lengths[-1] >= 3
+                new_tokens.append([len(s.new_token_ids) for s in out.outputs])
+    # One delta per step once decoding, each carrying only that step's token.
+    assert len(new_tokens) >= 3 and all(n == [1] for n in new_tokens)
     assert engine.allocator.stats().num_blocks_used > 0
     assert engine.abort_request("a")
     assert not engine.abort_request("unknown")

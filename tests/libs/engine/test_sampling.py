@@ -30,19 +30,22 @@ def test_n4_shares_prompt_blocks_and_copies_on_write(llm: LLM) -> None:
     copies_before = engine.allocator.stats().num_copies
     engine.add_request("fork", prompt, params)
     peak_used = 0
-    final = None
+    tokens: dict[int, list[int]] = {}
+    finished = False
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            final = out
+        for out in engine.step().outputs:
+            for seq in out.outputs:
+                tokens.setdefault(seq.index, []).extend(seq.new_token_ids)
+            finished = out.finished
         peak_used = max(peak_used, engine.allocator.stats().num_blocks_used)
-    assert final is not None and final.finished
-    assert len(final.outputs) == 4
-    assert all(len(o.token_ids) == 20 for o in final.outputs)
+    assert finished
+    assert sorted(tokens) == [0, 1, 2, 3]
+    assert all(len(t) == 20 for t in tokens.values())
     separate = 4 * math.ceil((40 + 20) / 16)
     assert peak_used < separate, f"n=4 used {peak_used} blocks, 4 separate requests use {separate}"
     # The shared partial block is written by all four: the first three copy it.
     assert engine.allocator.stats().num_copies - copies_before >= 3
-    texts = {tuple(o.token_ids) for o in final.outputs}
+    texts = {tuple(t) for t in tokens.values()}
     assert len(texts) > 1, "four seeded samples at temperature 1 should not all coincide"
     assert engine.allocator.stats().num_blocks_used == 0
 

@@ -2,41 +2,35 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from quire.block.manager import BlockManager
-from quire.engine.detokenizer import IncrementalDetokenizer
+from quire.engine.model_runner import ModelRunnerOutput, SampledToken
 from quire.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from quire.engine.sequence import Request, Sequence
+from quire.engine.update import StopRules, update_from_output
 from quire.sampling_params import SamplingParams
 
-
-class NullTokenizer:
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return ""
+RULES = StopRules(eos_token_ids=frozenset({2}), max_model_len=4096)
 
 
-def make_seq(name: str, arrival: int, prompt_len: int) -> Sequence:
+def make_seq(name: str, arrival: int, prompt_len: int, **params: Any) -> Sequence:
     ids = list(range(10 + arrival * 1000, 10 + arrival * 1000 + prompt_len))
-    request = Request(name, None, ids, SamplingParams(max_tokens=100), arrival)
-    seq = Sequence(
-        seq_id=f"{name}#0",
-        request=request,
-        index=0,
-        token_ids=list(ids),
-        arrival=arrival,
-        detokenizer=IncrementalDetokenizer(NullTokenizer(), ids, True),
-    )
+    request = Request(name, None, ids, SamplingParams(**{"max_tokens": 100, **params}), arrival)
+    seq = Sequence(f"{name}#0", request, 0, list(ids), arrival)
     request.seqs.append(seq)
     return seq
 
 
-def run_step(scheduler: Scheduler) -> SchedulerOutput:
-    """Pretend the forward pass ran: advance computed counts, sample token 7 where due."""
+def run_step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:
+    """Pretend the forward pass sampled `token_id` wherever due; apply it with the real update."""
     out = scheduler.schedule()
-    for s in out.scheduled:
-        s.seq.num_computed_tokens += s.num_new_tokens
-        scheduler.commit(s.seq)
-        if s.samples:
-            s.seq.token_ids.append(7)
+    sampled = [
+        SampledToken(s.seq, index, token_id, -1.0, None)
+        for s in out.scheduled
+        for index in s.sample_indices
+    ]
+    update_from_output(scheduler, out, ModelRunnerOutput(sampled, 0.0, 0.0), RULES)
     return out
 
 
@@ -99,3 +93,61 @@ def test_finished_sequences_are_freed_by_the_next_call() -> None:
     # Its two full, computed blocks stay findable by hash.
     assert manager.stats().num_blocks_cached == 2
     manager.check_integrity()
+
+
+def test_flush_ships_frees_without_admitting_anyone() -> None:
+    manager = BlockManager(16, 4)
+    sched = Scheduler(SchedulerConfig(), manager)
+    a = make_seq("a", 0, 9)
+    sched.add(a)
+    run_step(sched)
+    waiting = make_seq("w", 1, 5)
+    sched.add(waiting)
+    sched.finish(a)
+    sched.flush()
+    assert manager.stats().num_blocks_used == 0
+    assert [s.seq_id for s in sched.waiting] == ["w#0"] and not sched.running
+
+
+def test_update_forks_n_outputs_on_the_first_token_and_shares_blocks() -> None:
+    manager = BlockManager(16, 4)
+    sched = Scheduler(SchedulerConfig(), manager)
+    seq = make_seq("f", 0, 6, n=3)
+    sched.add(seq)
+    out = run_step(sched)
+    assert out.first_scheduled == ["f"]
+    assert [s.sample_indices for s in out.scheduled] == [(0, 1, 2)]
+    request = seq.request
+    assert [s.seq_id for s in request.seqs] == ["f#0", "f#1", "f#2"]
+    assert all(s.token_ids == seq.token_ids for s in request.seqs)
+    out = run_step(sched)  # the forks reach the allocator with this call
+    assert out.first_scheduled == []
+    assert sorted(s.seq.seq_id for s in out.scheduled) == ["f#0", "f#1", "f#2"]
+    assert all(s.sample_indices == (s.seq.index,) for s in out.scheduled)
+    # The full first block is shared by all three; each wrote its own partial second block.
+    tables = [s.block_table for s in out.scheduled]
+    assert len({t[0] for t in tables}) == 1 and len({t[1] for t in tables}) == 3
+    manager.check_integrity()
+
+
+def test_update_stops_on_eos_stop_token_and_length() -> None:
+    manager = BlockManager(16, 4)
+    sched = Scheduler(SchedulerConfig(), manager)
+    eos, stop_id = make_seq("e", 0, 5), make_seq("s", 1, 5, stop_token_ids=[9])
+    length = make_seq("l", 2, 5, max_tokens=2)
+    for s in (eos, stop_id, length):
+        sched.add(s)
+    out = sched.schedule()
+    tokens = {"e#0": 2, "s#0": 9, "l#0": 5}
+    sampled = [SampledToken(s.seq, 0, tokens[s.seq.seq_id], -0.5, None) for s in out.scheduled]
+    deltas = update_from_output(sched, out, ModelRunnerOutput(sampled, 0.0, 0.0), RULES)
+    by_id = {d.request_id: d for d in deltas}
+    assert by_id["e"].outputs[0].finish_reason == "stop" and by_id["e"].finished
+    assert by_id["s"].outputs[0].stop_reason == 9 and by_id["s"].finished
+    assert by_id["l"].outputs[0].finish_reason is None and not by_id["l"].finished
+    assert by_id["l"].outputs[0].new_token_ids == [5]
+    assert by_id["l"].outputs[0].cumulative_logprob == -0.5
+    run_step(sched)
+    assert length.finish_reason == "length" and not sched.running
+    sched.flush()
+    assert manager.stats().num_blocks_used == 0

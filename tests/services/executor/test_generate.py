@@ -26,9 +26,8 @@ class Streamed:
     """Deltas of one output index, concatenated."""
 
     token_ids: list[int] = field(default_factory=list)
-    text: str = ""
     finish_reason: str = ""
-    stop_reason: str = ""
+    stop_token_id: int | None = None
     num_logprobs: int = 0
 
 
@@ -58,9 +57,9 @@ async def generate(address: str, request: pb.GenerateRequest) -> StreamResult:
                 out = outputs.setdefault(delta.index, Streamed())
                 assert not out.finish_reason, "a delta arrived after the output finished"
                 out.token_ids += delta.token_ids
-                out.text += delta.text
                 out.finish_reason = delta.finish_reason
-                out.stop_reason = delta.stop_reason
+                if delta.HasField("stop_token_id"):
+                    out.stop_token_id = delta.stop_token_id
                 out.num_logprobs += len(delta.logprobs)
         return StreamResult(outputs, messages)
 
@@ -86,9 +85,8 @@ def assert_same_as_offline(result: StreamResult, offline: LLM, params: SamplingP
     for want in expected.outputs:
         got = result.outputs[want.index]
         assert got.token_ids == want.token_ids
-        assert got.text == want.text
         assert got.finish_reason == want.finish_reason
-        assert got.stop_reason == ("" if want.stop_reason is None else str(want.stop_reason))
+        assert got.stop_token_id == want.stop_reason
     assert [m.finished for m in result.messages] == [False] * (len(result.messages) - 1) + [True]
     assert all(m.num_prompt_tokens == len(PROMPT) for m in result.messages)
 
@@ -127,26 +125,56 @@ def test_n3_returns_three_outputs(
     assert_same_as_offline(result, offline, params)
 
 
-def test_stop_string_ends_with_stop(
+def test_stop_token_id_ends_with_stop(
     aio: LoopThread, local_executor: ExecutorServer, offline: LLM
 ) -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     [full] = offline.generate([{"prompt_token_ids": PROMPT}], greedy, use_tqdm=False)
-    text = full.outputs[0].text
-    # A stop string spanning several tokens: the stream must hold back its prefix.
-    stop = text[len(text) // 3 : len(text) // 3 + 6]
-    assert len(stop.strip()) >= 3, f"greedy text too short to cut a stop string from: {text!r}"
+    stop_id = full.outputs[0].token_ids[5]
     request = pb.GenerateRequest(
-        request_id="stop",
+        request_id="stop-id",
         prompt_token_ids=PROMPT,
-        params=pb.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
+        params=pb.SamplingParams(
+            temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]
+        ),
     )
     result = aio.run(generate(target(local_executor), request))
     out = result.outputs[0]
-    assert (out.finish_reason, out.stop_reason) == ("stop", stop)
-    assert out.text == text[: text.find(stop)]
-    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop])
-    assert_same_as_offline(result, offline, params)
+    assert (out.finish_reason, out.stop_token_id) == ("stop", stop_id)
+    first = full.outputs[0].token_ids.index(stop_id)
+    assert out.token_ids == full.outputs[0].token_ids[: first + 1]
+
+
+def test_abort_of_some_outputs_ends_only_those(
+    aio: LoopThread, local_executor: ExecutorServer
+) -> None:
+    """What the router sends when a stop string matched one output of n."""
+    request = pb.GenerateRequest(
+        request_id="partial-abort",
+        prompt_token_ids=PROMPT,
+        params=pb.SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=40, ignore_eos=True),
+    )
+
+    async def run() -> tuple[dict[int, Streamed], bool]:
+        async with grpc.aio.insecure_channel(target(local_executor)) as channel:
+            stub = executor_pb2_grpc.ExecutorStub(channel)
+            outputs: dict[int, Streamed] = {}
+            found = False
+            async for message in stub.Generate(request):
+                for delta in message.outputs:
+                    out = outputs.setdefault(delta.index, Streamed())
+                    out.token_ids += delta.token_ids
+                    out.finish_reason = delta.finish_reason
+                if not found and len(outputs.get(0, Streamed()).token_ids) >= 3:
+                    abort = pb.AbortRequest(request_id="partial-abort", indices=[0])
+                    found = (await stub.Abort(abort)).found
+            return outputs, found
+
+    outputs, found = aio.run(run())
+    assert found
+    assert outputs[0].finish_reason == "abort" and len(outputs[0].token_ids) < 40
+    assert outputs[1].finish_reason == "length" and len(outputs[1].token_ids) == 40
+    assert aio.run(wait_idle(target(local_executor))).kv_blocks_used == 0
 
 
 @pytest.mark.parametrize(

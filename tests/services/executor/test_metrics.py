@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from quire.block.allocator import AdmitRequest, AppendRequest, ForkRequest, StepAllocation
+from quire.engine.stats import StepStats
 from quire.rpc import executor_pb2 as pb
 from quire.rpc import executor_pb2_grpc
 from services.executor.logs import RequestIds, safe_request_id
@@ -32,7 +33,28 @@ def samples(metrics: ExecutorMetrics) -> dict[str, float]:
     }
 
 
-def test_snapshot_totals_become_counters() -> None:
+def step_stats(num_sampled: int, num_preempted: int) -> StepStats:
+    return StepStats(
+        num_scheduled_seqs=num_sampled,
+        num_prefill_tokens=0,
+        num_decode_tokens=num_sampled,
+        num_sampled=num_sampled,
+        attended_context_tokens=0,
+        num_preempted=num_preempted,
+        num_not_admitted=0,
+        num_running=num_sampled,
+        num_waiting=0,
+        num_kv_tokens=0,
+        first_scheduled=(),
+        schedule_s=0.0,
+        allocator_s=0.0,
+        forward_s=0.0,
+        sample_s=0.0,
+        update_s=0.0,
+    )
+
+
+def test_snapshot_totals_and_step_counts_become_counters() -> None:
     metrics = ExecutorMetrics("quire-tiny")
     # The first snapshot sets the baseline of the allocator's totals.
     metrics.observe_snapshot(EngineSnapshot(prefix_cache_queries=10, prefix_cache_hits=4))
@@ -42,14 +64,14 @@ def test_snapshot_totals_become_counters() -> None:
             num_waiting=2,
             kv_blocks_total=8,
             kv_blocks_used=2,
-            num_preemptions=1,
-            num_generated_tokens=7,
             prefix_cache_queries=42,
             prefix_cache_hits=20,
         )
     )
     # A memory manager that restarted forgets its totals: never a negative increment.
-    metrics.observe_snapshot(EngineSnapshot(num_preemptions=1, num_generated_tokens=7))
+    metrics.observe_snapshot(EngineSnapshot())
+    metrics.observe_step(step_stats(num_sampled=4, num_preempted=1))
+    metrics.observe_step(step_stats(num_sampled=3, num_preempted=0))
     got = samples(metrics)
     assert got["quire:num_requests_running"] == 0
     assert got["quire:prefix_cache_queries_total"] == 32

@@ -33,9 +33,9 @@ def run(engine: LLMEngine, restart: object = None, at_step: int = 3) -> dict[str
     tokens: dict[str, list[int]] = {}
     num_steps = 0
     while engine.has_unfinished_requests():
-        for output in engine.step():
-            for completion in output.outputs:
-                tokens[f"{output.request_id}/{completion.index}"] = list(completion.token_ids)
+        for output in engine.step().outputs:
+            for seq in output.outputs:
+                tokens.setdefault(f"{output.request_id}/{seq.index}", []).extend(seq.new_token_ids)
         num_steps += 1
         if num_steps == at_step and callable(restart):
             restart()

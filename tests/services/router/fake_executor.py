@@ -23,6 +23,7 @@ class Script:
     """What the fake answers to the next Generate calls."""
 
     tokens: list[int] = field(default_factory=list)  # per output; EOS at the end = "stop"
+    tokens_by_index: dict[int, list[int]] = field(default_factory=dict)  # overrides `tokens`
     tokens_per_message: int = 1
     delay_s: float = 0.0  # pause after each message
     first_delay_s: float = 0.0  # "queued / prefilling" time before the first message
@@ -40,12 +41,14 @@ class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
         self.requests: list[pb.GenerateRequest] = []
         self.cancelled: list[str] = []
         self.completed: list[str] = []
+        self.aborts: list[tuple[str, list[int]]] = []  # (request id, indices) of Abort calls
 
     def reset(self, script: Script) -> None:
         self.script = script
         self.requests.clear()
         self.cancelled.clear()
         self.completed.clear()
+        self.aborts.clear()
 
     async def Generate(  # noqa: N802 (gRPC method name)
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
@@ -57,20 +60,24 @@ class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
         params = request.params
         n = params.n or 1
         max_tokens = params.max_tokens or 16
-        tokens = script.tokens[:max_tokens]
-        reason = "stop" if tokens and tokens[-1] == EOS else "length"
+        per_index = [script.tokens_by_index.get(i, script.tokens)[:max_tokens] for i in range(n)]
         k = params.logprobs if params.HasField("logprobs") else None
         try:
             if script.first_delay_s:
                 await asyncio.sleep(script.first_delay_s)
             step = max(1, script.tokens_per_message)
-            for start in range(0, len(tokens), step):
-                chunk = tokens[start : start + step]
-                last = start + step >= len(tokens)
+            longest = max(len(t) for t in per_index)
+            for start in range(0, longest, step):
+                last = start + step >= longest
                 outputs = []
-                for index in range(n):
+                for index, tokens in enumerate(per_index):
+                    chunk = tokens[start : start + step]
+                    if not chunk:
+                        continue
+                    reason = "stop" if tokens[-1] == EOS else "length"
+                    done = start + step >= len(tokens)
                     delta = pb.CompletionDelta(
-                        index=index, token_ids=chunk, finish_reason=reason if last else ""
+                        index=index, token_ids=chunk, finish_reason=reason if done else ""
                     )
                     if k is not None:
                         delta.logprobs.extend(_logprobs(t, k) for t in chunk)
@@ -91,6 +98,7 @@ class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
     async def Abort(  # noqa: N802
         self, request: pb.AbortRequest, context: grpc.aio.ServicerContext
     ) -> pb.AbortResponse:
+        self.aborts.append((request.request_id, list(request.indices)))
         return pb.AbortResponse(found=False)
 
     async def GetStatus(  # noqa: N802

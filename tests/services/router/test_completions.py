@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from openai.types.chat import ChatCompletionMessageParam
@@ -178,7 +179,7 @@ def test_multibyte_utf8_split_across_tokens(cluster: Cluster, tokenizer: Any) ->
 
 def test_stop_string_truncates_streaming_and_not(cluster: Cluster, tokenizer: Any) -> None:
     tokens = tokenizer.encode("hello world and more", add_special_tokens=False)
-    cluster.script(Script(tokens=tokens))
+    cluster.script(Script(tokens=tokens, delay_s=0.05))
     router = cluster.router()
     client = router.openai()
     # "o w" spans two tokens: nothing past "hell" may ever be streamed.
@@ -196,8 +197,28 @@ def test_stop_string_truncates_streaming_and_not(cluster: Cluster, tokenizer: An
         model=MODEL_NAME, messages=CHAT, stop=["world"], stream=True
     )
     assert "".join(c.choices[0].delta.content or "" for c in chat) == "hello "
-    sent = cluster.fakes[next(iter(cluster.fakes))].executor.requests
-    assert all(list(r.params.stop) for r in sent)  # the executor is told to stop too
+    # The executor is not told the stop strings; the router ends each call at its stop.
+    executors = [fake.executor for fake in cluster.fakes.values()]
+    assert sum(len(e.requests) for e in executors) == 3
+    deadline = time.monotonic() + 5.0  # the last cancel may land after the response
+    while sum(len(e.cancelled) for e in executors) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sum(len(e.cancelled) for e in executors) == 3
+    assert not any(e.completed for e in executors)
+
+
+def test_stop_string_in_one_of_n_outputs_ends_only_that_one(
+    cluster: Cluster, tokenizer: Any
+) -> None:
+    stops = tokenizer.encode("alpha beta STOP gamma delta", add_special_tokens=False)
+    runs_on = tokenizer.encode("alpha beta gamma delta epsilon", add_special_tokens=False)
+    cluster.script(Script(tokens_by_index={0: stops, 1: runs_on}, delay_s=0.05))
+    client = cluster.router().openai()
+    out = client.completions.create(model=MODEL_NAME, prompt="x", n=2, stop="STOP", max_tokens=20)
+    texts = sorted((c.index, c.text, c.finish_reason) for c in out.choices)
+    assert texts == [(0, "alpha beta ", "stop"), (1, "alpha beta gamma delta epsilon", "length")]
+    aborts = [a for fake in cluster.fakes.values() for a in fake.executor.aborts]
+    assert [indices for _, indices in aborts] == [[0]]
 
 
 def test_n_and_batch_of_prompts(cluster: Cluster) -> None:

@@ -1,4 +1,4 @@
-"""OutputState and Admission on their own: detokenization, stops, hold-back, bounds."""
+"""Token text for logprobs and Admission on their own."""
 
 from __future__ import annotations
 
@@ -6,53 +6,8 @@ from typing import Any
 
 import pytest
 
-from quire.rpc import executor_pb2 as pb
-from quire.sampling_params import SamplingParams
 from services.router.admission import Admission
-from services.router.output import OutputState, TokenText
-
-
-def feed(state: OutputState, token_ids: list[int], finish: str = "") -> str:
-    """Feed tokens one message each; return the text taken along the way."""
-    taken = ""
-    for i, token_id in enumerate(token_ids):
-        last = i == len(token_ids) - 1
-        state.add(pb.CompletionDelta(token_ids=[token_id], finish_reason=finish if last else ""))
-        taken += state.take_text()
-    return taken
-
-
-def test_stream_holds_back_a_possible_stop_prefix(tokenizer: Any) -> None:
-    ids = tokenizer.encode("hello world and more", add_special_tokens=False)
-    state = OutputState(tokenizer, [1], SamplingParams(stop=["o w", "xyz"]), stream=True)
-    state.add(pb.CompletionDelta(token_ids=ids[:1]))
-    assert state.take_text() == tokenizer.decode(ids[:1])[:-2]  # 2 = len("xyz") - 1
-    state.add(pb.CompletionDelta(token_ids=ids[1:]))
-    assert state.take_text() == "l"
-    assert (state.text, state.finish_reason, state.stop_reason) == ("hell", "stop", "o w")
-    assert len(state.token_ids) == 2  # tokens after the stop are not ours
-
-
-def test_include_stop_str_and_stop_token_ids(tokenizer: Any) -> None:
-    ids = tokenizer.encode("hello world and more", add_special_tokens=False)
-    keep = OutputState(
-        tokenizer, [1], SamplingParams(stop=["world"], include_stop_str_in_output=True), False
-    )
-    feed(keep, ids)
-    assert keep.text == "hello world"
-    by_id = OutputState(tokenizer, [1], SamplingParams(stop_token_ids=[ids[1]]), False)
-    feed(by_id, ids)
-    assert (by_id.finish_reason, by_id.stop_reason) == ("stop", ids[1])
-    assert by_id.token_ids == ids[:2]
-
-
-def test_executor_finish_and_stop_reason(tokenizer: Any) -> None:
-    state = OutputState(tokenizer, [1], SamplingParams(), stream=True)
-    state.add(pb.CompletionDelta(token_ids=[50, 2], finish_reason="stop", stop_reason="2"))
-    assert (state.finish_reason, state.stop_reason) == ("stop", 2)
-    assert state.take_text() == tokenizer.decode([50])
-    state.add(pb.CompletionDelta(token_ids=[51]))  # after the finish: ignored
-    assert state.token_ids == [50, 2]
+from services.router.output import TokenText
 
 
 def test_token_text_bytes_of_partial_characters(tokenizer: Any) -> None:

@@ -1,0 +1,131 @@
+"""Where one offline run's time goes: the engine step's parts and the torch ops inside them.
+
+    python -m benchmarks.profile_engine [--model DIR] [--dtype bfloat16] [--num-requests 64]
+
+Runs the engine benchmark's ShareGPT requests (same sampling, greedy, each to its ShareGPT
+output length) through `LLM.engine` after a warm-up, and reports:
+
+- the step's parts from every step's `StepStats`: schedule (of which the allocator call),
+  forward (copies, inputs, the model), sampling, update, and the loop around them;
+- with `--torch-profile`, torch.profiler's operators by self CPU time over the same run
+  (the profiler adds overhead: its shares, not its absolute times, are the figures).
+
+JSON goes to bench/results/profile_engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import Counter
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from benchmarks.engine import warm_up_quire, warmup_workload
+from benchmarks.engine_workloads import build_workload
+from quire import LLM, SamplingParams
+from quire.engine.llm_engine import LLMEngine
+from quire.engine.stats import StepStats
+
+DEFAULT_MODEL = "models/smollm2-135m-instruct"
+PARTS = ("schedule_s", "allocator_s", "forward_s", "sample_s", "update_s")
+
+
+def run(engine: LLMEngine, prompts: list[list[int]], output_lens: list[int]) -> dict[str, Any]:
+    """Every request at once, stepped to the end; the parts' totals and the wall time."""
+    for i, (prompt, n) in enumerate(zip(prompts, output_lens, strict=True)):
+        params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+        engine.add_request(f"p{i}", {"prompt_token_ids": prompt}, params)
+    totals: Counter[str] = Counter()
+    steps: list[StepStats] = []
+    start = perf_counter()
+    with tqdm(total=sum(output_lens), desc="profile", unit="tok") as bar:
+        while engine.has_unfinished_requests():
+            result = engine.step()
+            steps.append(result.stats)
+            bar.update(result.stats.num_sampled)
+    wall_s = perf_counter() - start
+    for stats in steps:
+        for part in PARTS:
+            totals[part] += getattr(stats, part)
+    in_step = sum(s.total_s for s in steps)
+    return {
+        "wall_s": wall_s,
+        "num_steps": len(steps),
+        "num_output_tokens": sum(output_lens),
+        "output_tok_s": sum(output_lens) / wall_s,
+        "parts_s": dict(totals),
+        "parts_share": {part: totals[part] / wall_s for part in PARTS},
+        "outside_step_share": (wall_s - in_step) / wall_s,
+        "num_decode_tokens": sum(s.num_decode_tokens for s in steps),
+        "num_prefill_tokens": sum(s.num_prefill_tokens for s in steps),
+    }
+
+
+def top_ops(profile: Any, limit: int) -> list[dict[str, Any]]:
+    events = profile.key_averages()
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:limit]
+    return [
+        {
+            "op": e.key,
+            "calls": e.count,
+            "self_cpu_ms": e.self_cpu_time_total / 1000,
+            "share": e.self_cpu_time_total / total,
+        }
+        for e in ranked
+    ]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--torch-profile", action="store_true", help="also profile torch ops")
+    parser.add_argument("--top", type=int, default=25, help="operators listed")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/profile_engine.json"))
+    args = parser.parse_args(argv)
+
+    llm = LLM(model=args.model, dtype=args.dtype)
+    engine = llm.engine
+    tokenizer = llm.get_tokenizer()
+    config = engine.model.config
+    workload = build_workload(
+        "sharegpt", args.num_requests, args.seed, tokenizer, config.vocab_size, engine.max_model_len
+    )
+    warm_up_quire(llm, warmup_workload(config.vocab_size))
+    result: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "threads": torch.get_num_threads()}
+    if args.torch_profile:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            result["run"] = run(engine, workload.prompts, workload.output_lens)
+        result["top_ops"] = top_ops(prof, args.top)
+    else:
+        result["run"] = run(engine, workload.prompts, workload.output_lens)
+    print_report(result)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.out}")
+    return result
+
+
+def print_report(result: dict[str, Any]) -> None:
+    r = result["run"]
+    print(
+        f"{result['dtype']}: {r['output_tok_s']:.1f} output tok/s, {r['num_steps']} steps, "
+        f"{r['wall_s']:.1f} s"
+    )
+    for part, share in r["parts_share"].items():
+        print(f"  {part:<12} {share:6.1%}  ({r['parts_s'][part]:.2f} s)")
+    print(f"  {'outside':<12} {r['outside_step_share']:6.1%}")
+    for op in result.get("top_ops", []):
+        print(f"  {op['share']:6.1%}  {op['self_cpu_ms']:9.1f} ms  {op['calls']:7d}  {op['op']}")
+
+
+if __name__ == "__main__":
+    main()

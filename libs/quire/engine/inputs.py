@@ -1,0 +1,46 @@
+"""How a request comes in: its prompt as token ids, and the seeded generators it samples with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from quire.sampling_params import SamplingParams
+
+Prompt = str | dict[str, Any]
+
+
+def tokenize_prompt(
+    tokenizer: Any, vocab_size: int, prompt: Prompt
+) -> tuple[str | None, list[int]]:
+    """Prompt text and token ids, or ValueError naming what is wrong with the prompt."""
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        return prompt, list(tokenizer.encode(prompt))
+    if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        ids = prompt["prompt_token_ids"]
+        if not isinstance(ids, list | tuple) or not ids:
+            raise ValueError("prompt_token_ids must be a non-empty list of token ids")
+        if any(not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
+            raise ValueError(f"prompt_token_ids must be integers in [0, {vocab_size})")
+        return prompt.get("prompt"), list(ids)
+    raise ValueError('prompt must be a string or {"prompt_token_ids": [...]}')
+
+
+def seeded_generators(params: SamplingParams, default_seed: int) -> list[torch.Generator | None]:
+    """One CPU generator per output index, from the request's seed (else `default_seed`).
+
+    Output i draws from its own generator from its first token on, so a seeded request gives
+    the same outputs whatever else shares its batches.
+    """
+    if params.is_greedy:
+        return [None] * params.n
+    base = params.seed if params.seed is not None else default_seed
+    generators: list[torch.Generator | None] = []
+    for index in range(params.n):
+        generator = torch.Generator()
+        generator.manual_seed((base * 7919 + index) % (2**63))
+        generators.append(generator)
+    return generators

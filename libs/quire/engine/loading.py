@@ -1,0 +1,87 @@
+"""What an engine loads before its first step: weights, tokenizer, EOS ids, the KV pool size."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
+from quire.engine.model_runner import kv_bytes_per_block
+from quire.model.config import ModelConfig
+from quire.model.llama import LlamaModel
+from quire.model.loader import load_checkpoint, resolve_model_path
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A checkpoint directory loaded for serving."""
+
+    path: Path
+    device: torch.device
+    dtype: torch.dtype
+    model: LlamaModel
+    tokenizer: Any  # a transformers tokenizer
+    max_model_len: int  # the config's limit, capped by the checkpoint's
+    eos_token_ids: frozenset[int]
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+
+def load_engine_model(config: EngineConfig) -> LoadedModel:
+    """Weights on the configured device and dtype, and the tokenizer; ValueError if unusable."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(config.model)
+    device = config.resolve_device()
+    dtype = config.resolve_dtype(device)
+    model_config, state = load_checkpoint(path, device, dtype)
+    model = LlamaModel(model_config, state, device)
+    del state
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load the tokenizer from {str(path)!r}: {exc}") from exc
+    return LoadedModel(
+        path=path,
+        device=device,
+        dtype=dtype,
+        model=model,
+        tokenizer=tokenizer,
+        max_model_len=min(
+            config.max_model_len or model_config.max_model_len, model_config.max_model_len
+        ),
+        eos_token_ids=_eos_token_ids(path, model_config.eos_token_ids, tokenizer),
+    )
+
+
+def num_kv_blocks(config: EngineConfig, loaded: LoadedModel) -> int:
+    """Blocks in the KV pool: as configured, else what the memory budget holds (capped)."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    per_block = kv_bytes_per_block(loaded.config, config.block_size, loaded.dtype)
+    if loaded.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(loaded.device)
+        budget = int(free * DEFAULT_GPU_MEMORY_UTILIZATION)
+    else:
+        budget = DEFAULT_CPU_KV_CACHE_BYTES
+    # No point holding more than every running sequence at full length could use.
+    blocks_needed = config.max_num_seqs * -(-loaded.max_model_len // config.block_size)
+    return max(1, min(budget // per_block, blocks_needed))
+
+
+def _eos_token_ids(path: Path, config_eos: tuple[int, ...], tokenizer: Any) -> frozenset[int]:
+    """EOS ids from config.json, generation_config.json and the tokenizer, as generate() does."""
+    eos = set(config_eos)
+    generation = path / "generation_config.json"
+    if generation.is_file():
+        value = json.loads(generation.read_text()).get("eos_token_id")
+        eos.update(value if isinstance(value, list) else [] if value is None else [value])
+    if tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return frozenset(eos)

@@ -1,0 +1,101 @@
+"""The step's last part: apply a `ModelRunnerOutput` to the sequences, emit per-step deltas.
+
+In order: every scheduled chunk's tokens count as computed (and are committed to the
+allocator), n>1 requests fork on their first token, each sampled token is appended, and a
+sequence stops on EOS, one of its stop token ids or a length limit. Stop strings are not the
+engine core's: the output processor owns text and ends a sequence through
+`LLMEngine.finish_sequences`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from quire.engine.model_runner import ModelRunnerOutput, SampledToken
+from quire.engine.scheduler import Scheduler, SchedulerOutput
+from quire.engine.sequence import Request, Sequence
+from quire.outputs import RequestDelta, SequenceDelta
+
+
+@dataclass(frozen=True)
+class StopRules:
+    """When the engine core ends a sequence by itself."""
+
+    eos_token_ids: frozenset[int]
+    max_model_len: int  # prompt + output tokens
+
+
+def update_from_output(
+    scheduler: Scheduler, step: SchedulerOutput, output: ModelRunnerOutput, rules: StopRules
+) -> list[RequestDelta]:
+    """Advance, fork, append and stop; the deltas of every request that produced a token."""
+    for s in step.scheduled:
+        s.seq.num_computed_tokens += s.num_new_tokens
+        scheduler.commit(s.seq)
+    # Children copy their parent's tokens before the parent's first output is appended.
+    targets = [_fork(scheduler, t) if t.index != t.seq.index else t.seq for t in output.sampled]
+    touched: dict[str, tuple[Request, list[SequenceDelta]]] = {}
+    for seq, token in zip(targets, output.sampled, strict=True):
+        delta = _append(scheduler, seq, token, rules)
+        touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(delta)
+    return [request_delta(request, deltas) for request, deltas in touched.values()]
+
+
+def request_delta(request: Request, deltas: list[SequenceDelta]) -> RequestDelta:
+    return RequestDelta(
+        request_id=request.request_id,
+        outputs=deltas,
+        finished=request.is_finished(),
+        num_prompt_tokens=len(request.prompt_token_ids),
+        num_cached_tokens=request.num_cached_tokens,
+    )
+
+
+def finished_delta(seq: Sequence) -> SequenceDelta:
+    """A sequence that ended outside a forward pass (no new token)."""
+    return SequenceDelta(
+        index=seq.index,
+        new_token_ids=[],
+        cumulative_logprob=seq.cumulative_logprob,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+    )
+
+
+def _fork(scheduler: Scheduler, token: SampledToken) -> Sequence:
+    parent, request = token.seq, token.seq.request
+    child = Sequence(
+        seq_id=f"{request.request_id}#{token.index}",
+        request=request,
+        index=token.index,
+        token_ids=list(parent.token_ids),
+        arrival=request.arrival,
+    )
+    request.seqs.append(child)
+    scheduler.add_fork(parent, child)
+    return child
+
+
+def _append(
+    scheduler: Scheduler, seq: Sequence, token: SampledToken, rules: StopRules
+) -> SequenceDelta:
+    token_id = token.token_id
+    seq.token_ids.append(token_id)
+    seq.cumulative_logprob += token.logprob
+    params = seq.request.params
+    if not params.ignore_eos and token_id in rules.eos_token_ids:
+        seq.finish_reason = "stop"
+    elif token_id in params.stop_token_ids:
+        seq.finish_reason, seq.stop_reason = "stop", token_id
+    elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= rules.max_model_len:
+        seq.finish_reason = "length"
+    if seq.finish_reason is not None:
+        scheduler.finish(seq)
+    return SequenceDelta(
+        index=seq.index,
+        new_token_ids=[token_id],
+        new_logprobs=None if token.top_logprobs is None else [token.top_logprobs],
+        cumulative_logprob=seq.cumulative_logprob,
+        finish_reason=seq.finish_reason,
+        stop_reason=seq.stop_reason,
+    )

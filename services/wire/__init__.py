@@ -1,0 +1,1 @@
+"""Protobuf <-> dataclass codecs, one module per gRPC contract (used by both of its ends)."""

@@ -1,0 +1,151 @@
+"""The executor contract (quire.v1.Executor) in dataclasses: sampling params and step deltas.
+
+Both ends use this one module: the router encodes `SamplingParams` and decodes the stream's
+`GenerateResponse`s into `RequestDelta`s; the executor does the opposite. Text never crosses
+this boundary: stop strings, `include_stop_str_in_output` and `skip_special_tokens` stay with
+the router's output processor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from quire.outputs import Logprob, RequestDelta, SequenceDelta
+from quire.rpc import executor_pb2 as pb
+from quire.sampling_params import SamplingParams
+
+# Copied as they are; 0 / False / 0.0 on the wire are the engine's defaults too.
+_PLAIN_FIELDS = (
+    "min_p",
+    "stop_token_ids",
+    "ignore_eos",
+    "presence_penalty",
+    "frequency_penalty",
+)
+# `optional` on the wire: unset means the engine's default.
+_OPTIONAL_FIELDS = ("temperature", "top_p", "repetition_penalty", "logprobs", "seed")
+_FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
+
+
+def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
+    """The engine-side part of `params` as the wire message (text settings left out)."""
+    wire = pb.SamplingParams(n=params.n, max_tokens=params.max_tokens, top_k=params.top_k or 0)
+    for name in _PLAIN_FIELDS:
+        value = getattr(params, name)
+        if name == "stop_token_ids":
+            wire.stop_token_ids.extend(value)
+        else:
+            setattr(wire, name, value)
+    for name in _OPTIONAL_FIELDS:
+        value = getattr(params, name)
+        if value is not None:
+            setattr(wire, name, value % 2**64 if name == "seed" else value)
+    return wire
+
+
+def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
+    """The engine's SamplingParams; unset fields take its defaults. ValueError if invalid.
+
+    `n` and `max_tokens` are plain uint32 on the wire, so 0 means unset (1 and 16); `top_k`
+    0 disables top-k. NaN or infinite floats are refused here: no range check catches them all.
+    """
+    for name in _FLOAT_FIELDS:
+        value = getattr(msg, name)
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    defaults = SamplingParams()
+    values: dict[str, object] = {
+        "n": msg.n or defaults.n,
+        "max_tokens": msg.max_tokens or defaults.max_tokens,
+        "top_k": msg.top_k or None,
+    }
+    for name in _PLAIN_FIELDS:
+        value = getattr(msg, name)
+        values[name] = list(value) if name == "stop_token_ids" else value
+    for name in _OPTIONAL_FIELDS:
+        values[name] = getattr(msg, name) if msg.HasField(name) else getattr(defaults, name)
+    return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def delta_to_proto(delta: RequestDelta, num_top_logprobs: int) -> pb.GenerateResponse:
+    """One step's delta of a request as its Generate stream's next message."""
+    return pb.GenerateResponse(
+        outputs=[_sequence_to_proto(s, num_top_logprobs) for s in delta.outputs],
+        finished=delta.finished,
+        num_prompt_tokens=delta.num_prompt_tokens,
+        num_cached_tokens=delta.num_cached_tokens,
+    )
+
+
+def aborted_response(
+    unfinished: Iterable[int], num_prompt_tokens: int, num_cached_tokens: int
+) -> pb.GenerateResponse:
+    """The last message of a request aborted as a whole (Abort call, drain timeout)."""
+    return pb.GenerateResponse(
+        outputs=[pb.CompletionDelta(index=i, finish_reason="abort") for i in unfinished],
+        finished=True,
+        num_prompt_tokens=num_prompt_tokens,
+        num_cached_tokens=num_cached_tokens,
+    )
+
+
+def delta_from_proto(request_id: str, msg: pb.GenerateResponse) -> RequestDelta:
+    return RequestDelta(
+        request_id=request_id,
+        outputs=[_sequence_from_proto(d) for d in msg.outputs],
+        finished=msg.finished,
+        num_prompt_tokens=msg.num_prompt_tokens,
+        num_cached_tokens=msg.num_cached_tokens,
+    )
+
+
+def _sequence_to_proto(seq: SequenceDelta, k: int) -> pb.CompletionDelta:
+    msg = pb.CompletionDelta(
+        index=seq.index,
+        token_ids=seq.new_token_ids,
+        finish_reason=seq.finish_reason or "",
+        cumulative_logprob=seq.cumulative_logprob,
+    )
+    if seq.stop_reason is not None:
+        msg.stop_token_id = seq.stop_reason
+    if seq.new_logprobs is not None:
+        for token_id, top in zip(seq.new_token_ids, seq.new_logprobs, strict=True):
+            # The sampler puts the top-k first, then the sampled token if it was not among them.
+            msg.logprobs.append(
+                pb.TokenLogprobs(
+                    token_id=token_id,
+                    logprob=top[token_id].logprob,
+                    rank=top[token_id].rank,
+                    top=[
+                        pb.TopLogprob(token_id=t, logprob=lp.logprob, rank=lp.rank)
+                        for t, lp in list(top.items())[:k]
+                    ],
+                )
+            )
+    return msg
+
+
+def _sequence_from_proto(msg: pb.CompletionDelta) -> SequenceDelta:
+    logprobs = None
+    if msg.logprobs:
+        logprobs = []
+        for lp in msg.logprobs:
+            top = {t.token_id: Logprob(t.logprob, t.rank) for t in lp.top}
+            top.setdefault(lp.token_id, Logprob(lp.logprob, lp.rank))
+            logprobs.append(top)
+    return SequenceDelta(
+        index=msg.index,
+        new_token_ids=list(msg.token_ids),
+        new_logprobs=logprobs,
+        cumulative_logprob=msg.cumulative_logprob,
+        finish_reason=msg.finish_reason or None,
+        stop_reason=msg.stop_token_id if msg.HasField("stop_token_id") else None,
+    )
