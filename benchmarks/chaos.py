@@ -39,7 +39,7 @@ import httpx
 import redis
 
 from quire.cluster.registry import ExecutorRecord, executor_key, prefix_key
-from quire.rpc import memory_manager_pb2, memory_manager_pb2_grpc
+from services.rpc import memory_manager_pb2, memory_manager_pb2_grpc
 from services.stack.ports import free_range
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig

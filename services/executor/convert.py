@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 from quire.outputs import CompletionOutput, Logprob, RequestOutput
-from quire.rpc import executor_pb2 as pb
 from quire.sampling_params import SamplingParams
+from services.rpc import executor_pb2 as pb
 
 
 def sampling_params_from_proto(msg: pb.SamplingParams) -> SamplingParams:

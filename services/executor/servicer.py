@@ -13,8 +13,6 @@ import grpc
 import structlog
 
 from quire.outputs import RequestOutput
-from quire.rpc import executor_pb2 as pb
-from quire.rpc import executor_pb2_grpc
 from quire.sampling_params import SamplingParams
 from services.executor.convert import DeltaTracker, sampling_params_from_proto
 from services.executor.engine_loop import (
@@ -25,6 +23,8 @@ from services.executor.engine_loop import (
     SinkEvent,
 )
 from services.executor.logs import safe_request_id
+from services.rpc import executor_pb2 as pb
+from services.rpc import executor_pb2_grpc
 
 log = structlog.get_logger("quire.executor.servicer")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import grpc
 
-from quire.cluster import tls
-from quire.rpc import executor_pb2, executor_pb2_grpc
 from quire.sampling_params import SamplingParams
+from services.common import tls
+from services.rpc import executor_pb2, executor_pb2_grpc
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),

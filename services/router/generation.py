@@ -16,11 +16,11 @@ from typing import Any
 import structlog
 
 from quire.block.hashing import hash_full_blocks
-from quire.rpc import executor_pb2
 from quire.sampling_params import SamplingParams
 from services.router.dispatch import Dispatcher, ExecutorStream
 from services.router.executor_client import params_to_proto
 from services.router.output import OutputState
+from services.rpc import executor_pb2
 
 log = structlog.get_logger("router.generation")
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quire.engine.detokenizer import IncrementalDetokenizer, find_stop
-from quire.rpc import executor_pb2
 from quire.sampling_params import SamplingParams
+from services.rpc import executor_pb2
 
 
 @functools.cache

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from quire.outputs import CompletionOutput, Logprob, RequestOutput
-from quire.rpc import executor_pb2 as pb
 from quire.sampling_params import SamplingParams
 from services.executor.convert import DeltaTracker, held_back_len, sampling_params_from_proto
+from services.rpc import executor_pb2 as pb
 
 
 def test_unset_proto_fields_take_sampling_params_defaults() -> None:

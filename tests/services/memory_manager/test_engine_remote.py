@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from quire.block import LiveSequenceState
-from quire.cluster.remote_allocator import RemoteBlockAllocator
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
+from services.executor.remote_allocator import RemoteBlockAllocator
 from tests.services.conftest import free_port
 from tests.services.memory_manager.conftest import ManagerThread
 

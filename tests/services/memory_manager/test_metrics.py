@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from quire.block import AdmitRequest, CommitRequest, StepAllocation
-from quire.cluster.remote_allocator import RemoteBlockAllocator
+from services.executor.remote_allocator import RemoteBlockAllocator
 from services.memory_manager import servicer as servicer_module
 from tests.services.conftest import free_port
 from tests.services.memory_manager.conftest import ManagerThread

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from quire.rpc import executor_pb2 as pb
 from quire.sampling_params import SamplingParams
 from services.router.admission import Admission
 from services.router.output import OutputState, TokenText
+from services.rpc import executor_pb2 as pb
 
 
 def feed(state: OutputState, token_ids: list[int], finish: str = "") -> str:

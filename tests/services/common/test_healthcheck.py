@@ -1,4 +1,4 @@
-"""services.healthcheck: the container health checks of the Dockerfile and compose.yaml."""
+"""services.common.healthcheck: the container health checks of the Dockerfile and compose.yaml."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.healthcheck import main
+from services.common.healthcheck import main
 
 
 def _free_port() -> int:

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from quire.block import AdmitRequest, AppendRequest, CommitRequest, ForkRequest, StepAllocation
-from quire.cluster.remote_allocator import (
+from services.executor.remote_allocator import (
     AllocatorUnavailableError,
     RemoteBlockAllocator,
     filter_step,
