@@ -12,7 +12,7 @@ from services.executor.remote_allocator import (
     RemoteBlockAllocator,
     filter_step,
 )
-from tests.services.conftest import free_port
+from services.stack.ports import free_port
 
 
 def test_filter_drops_commits_and_frees_of_unknown_sequences() -> None:

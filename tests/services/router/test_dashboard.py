@@ -11,7 +11,7 @@ from quire.block import AdmitRequest, StepAllocation
 from services.common.wire.memory_manager import step_to_proto
 from services.rpc import memory_manager_pb2 as pb
 from services.rpc import memory_manager_pb2_grpc as pb_grpc
-from tests.services.conftest import free_port
+from services.stack.ports import free_port
 from tests.services.memory_manager.conftest import ManagerThread
 from tests.services.router.conftest import Cluster
 
