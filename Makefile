@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CPU_KERNELS := build/quire_kernels_cpu/libquire_kernels_cpu.so
 MODELS := models/quire-tiny/config.json models/quire-bench/config.json models/smollm2-135m-instruct/config.json
-PROTOS := $(wildcard protos/quire/rpc/*.proto)
-RPC_STAMP := libs/quire/rpc/__init__.py
+PROTOS := $(wildcard protos/services/rpc/*.proto)
+RPC_STAMP := services/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images chaos
@@ -49,10 +49,12 @@ $(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp) kernels/cpp_build.py
 
 kernels-cpu: $(CPU_KERNELS)
 
-# gRPC stubs (with .pyi) are generated from protos/ into the quire.rpc package, never committed.
+# gRPC stubs (with .pyi) are generated from protos/ into the services.rpc package, never
+# committed. They live under services/, not libs/: the *_pb2_grpc modules import grpc, and libs/
+# holds no network code.
 $(RPC_STAMP): $(STAMP) $(PROTOS)
-	rm -rf libs/quire/rpc && mkdir -p libs/quire/rpc
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=libs --grpc_python_out=libs --pyi_out=libs $(PROTOS)
+	rm -rf services/rpc && mkdir -p services/rpc
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --grpc_python_out=. --pyi_out=. $(PROTOS)
 	echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > $(RPC_STAMP)
 
 proto: $(RPC_STAMP)
@@ -153,7 +155,7 @@ gpu-check: $(STAMP)
 	$(PY) -m benchmarks.decode_attention --device cuda
 
 clean:
-	rm -rf $(VENV) models bench/results libs/quire/rpc .run build/quire_kernels_cpu
+	rm -rf $(VENV) models bench/results services/rpc .run build/quire_kernels_cpu
 
 # Online serving benchmark: Quire's stack, `vllm serve` and `transformers serve` on ShareGPT, all
 # at once and under Poisson load, plus vLLM's own client against Quire and vLLM (BENCH_SERVING_ARGS

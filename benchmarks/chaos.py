@@ -39,8 +39,8 @@ import httpx
 import redis
 
 from quire.cluster.registry import ExecutorRecord, executor_key, prefix_key
-from quire.rpc import memory_manager_pb2, memory_manager_pb2_grpc
-from services.stack.ports import free_range
+from services.rpc import memory_manager_pb2, memory_manager_pb2_grpc
+from services.stack.ports import free_port, stack_ports
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 
@@ -62,23 +62,15 @@ def make_config(
     max_pending_total: int = 40,
 ) -> StackConfig:
     """A stack on free ports (executor ports are consecutive from a free base)."""
-    taken: set[int] = set()
-    base = free_range(num_executors, taken)
-    metrics_base = free_range(num_executors, taken)
-    ports = [free_range(1, taken) for _ in range(3)]
+    ports = stack_ports(num_executors)
     return StackConfig(
         model=str(REPO / "models" / "quire-tiny"),
-        router_port=ports[0],
-        redis_port=ports[1],
-        memory_manager_port=ports[2],
-        executor_base_port=base,
-        memory_manager_metrics_port=free_range(1, taken),
-        executor_base_metrics_port=metrics_base,
+        **ports,
         num_executors=num_executors,
         num_kv_blocks=num_kv_blocks,
         max_pending_per_executor=max_pending_per_executor,
         max_pending_total=max_pending_total,
-        redis_prefix=f"quire-chaos-{base}",
+        redis_prefix=f"quire-chaos-{ports['executor_base_port']}",
         python=sys.executable,
     )
 
@@ -86,7 +78,7 @@ def make_config(
 def add_router(stack: Stack, name: str) -> str:
     """A second router replica: the first one's command on another port; its URL."""
     first = stack.specs["router"]
-    port = free_range(1, set())
+    port = free_port()
     argv = list(first.argv)
     argv[argv.index("--port") + 1] = str(port)
     url = f"http://{stack.config.host}:{port}"

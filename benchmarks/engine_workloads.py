@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from quire.workloads import sharegpt
+from quire.workloads.lengths import lognormal_lengths
 
 LENGTH_SIGMA = 0.9  # lognormal sigma of synthetic prompt and output lengths
 FIRST_REGULAR_TOKEN_ID = 5  # synthetic prompts draw ids from [5, vocab): 0-4 may be special
@@ -66,12 +66,6 @@ class Workload:
 
     def head(self, n: int) -> Workload:
         return Workload(self.name, self.prompts[:n], self.output_lens[:n])
-
-
-def lognormal_lengths(rng: np.random.Generator, mean: float, sigma: float, n: int) -> np.ndarray:
-    """n lognormal draws whose distribution has the given mean, rounded, at least 1."""
-    mu = math.log(mean) - sigma**2 / 2
-    return np.maximum(1, np.rint(rng.lognormal(mu, sigma, size=n))).astype(np.int64)
 
 
 def make_workload(

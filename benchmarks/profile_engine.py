@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "sharegpt", args.num_requests, args.seed, tokenizer, config.vocab_size, engine.max_model_len
     )
     warm_up_quire(llm, warmup_workload(config.vocab_size))
-    result: dict[str, Any] = {"model": args.model, "dtype": args.dtype, "threads": torch.get_num_threads()}
+    result: dict[str, Any] = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "threads": torch.get_num_threads(),
+    }
     if args.torch_profile:
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             result["run"] = run(engine, workload.prompts, workload.output_lens)

@@ -49,7 +49,6 @@ import json
 import math
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -64,6 +63,8 @@ from tqdm.auto import tqdm
 
 from benchmarks.peers import vllm_env
 from quire.workloads import sharegpt
+from quire.workloads.lengths import lognormal_lengths
+from services.stack.ports import free_port, stack_ports
 
 REPO = Path(__file__).resolve().parents[1]
 LENGTH_SIGMA = 0.9  # lognormal sigma of prompt and output lengths (ShareGPT-like)
@@ -157,14 +158,6 @@ class Request:
     output_len: int
 
 
-def lognormal_lengths(
-    rng: np.random.Generator, mean: float, n: int, low: int, high: int
-) -> list[int]:
-    mu = math.log(mean) - LENGTH_SIGMA**2 / 2
-    values = rng.lognormal(mu, LENGTH_SIGMA, n)
-    return [int(v) for v in np.clip(np.round(values), low, high)]
-
-
 def shared_prefix_ids(
     vocab_size: int, num_prefixes: int, length: int, seed: int
 ) -> list[list[int]]:
@@ -186,8 +179,12 @@ def make_requests(model_dir: Path, n: int, args: argparse.Namespace, seed: int) 
     # Lengths come from the run's seed, token ids from `seed`: every rate gets the same shape
     # of work (a few long prompts dominate a p99) with content no cache has seen.
     length_rng = np.random.default_rng(args.seed)
-    prompt_lens = lognormal_lengths(length_rng, args.input_len, n, 4, args.random_max_input_len)
-    output_lens = lognormal_lengths(length_rng, args.output_len, n, 2, args.random_max_output_len)
+    prompt_lens = lognormal_lengths(
+        length_rng, args.input_len, LENGTH_SIGMA, n, 4, args.random_max_input_len
+    ).tolist()
+    output_lens = lognormal_lengths(
+        length_rng, args.output_len, LENGTH_SIGMA, n, 2, args.random_max_output_len
+    ).tolist()
     rng = np.random.default_rng(seed)
     prefix_len = args.shared_prefix_len
     prefixes = [""]
@@ -534,12 +531,6 @@ def sustainable_rate(
 # --- servers ---------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def served_model(base_url: str) -> str:
     return str(httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"])
 
@@ -549,17 +540,12 @@ def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
     from services.stack.runner import Stack
     from services.stack.spec import StackConfig
 
-    base = free_port()
+    ports = stack_ports(num_executors)
     config = StackConfig(
         model=str(model_dir),
-        router_port=free_port(),
-        redis_port=free_port(),
-        memory_manager_port=free_port(),
-        executor_base_port=base if base < 60000 else 40000,
-        memory_manager_metrics_port=free_port(),
-        executor_base_metrics_port=free_port() if base < 60000 else 41000,
+        **ports,
         num_executors=num_executors,
-        redis_prefix=f"quire-bench-{base}",
+        redis_prefix=f"quire-bench-{ports['executor_base_port']}",
         python=sys.executable,
     )
     stack = Stack(config, run_dir, cwd=REPO)

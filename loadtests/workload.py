@@ -16,11 +16,12 @@ Every knob is a QUIRE_LOAD_* environment variable (see `LoadConfig.from_env`).
 
 from __future__ import annotations
 
-import math
 import os
 import random
 from dataclasses import dataclass, fields
 from typing import Any
+
+from quire.workloads.lengths import lognormal_length
 
 TOKENS_PER_WORD = 1.0
 # Chat template and special tokens around the text, and slack for the word estimate.
@@ -94,12 +95,6 @@ class LoadConfig:
             else:
                 values[f.name] = raw
         return cls(**values)
-
-
-def lognormal_length(rng: random.Random, mean: float, sigma: float, lo: int, hi: int) -> int:
-    """A lognormal sample with that mean (not median), rounded and clamped to [lo, hi]."""
-    mu = math.log(mean) - sigma * sigma / 2
-    return max(lo, min(hi, round(rng.lognormvariate(mu, sigma))))
 
 
 def words_for(num_tokens: int, rng: random.Random) -> str:

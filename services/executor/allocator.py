@@ -9,7 +9,7 @@ import structlog
 
 from quire.block.allocator import BlockAllocator, StepAllocation
 from quire.block.restore import LiveSequenceState
-from quire.cluster.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
+from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
 from services.executor.settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
 
 log = structlog.get_logger("quire.executor.allocator")

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
@@ -23,6 +22,7 @@ from quire.cluster.registry import (
     executor_key,
     executors_key,
 )
+from services.common import redis_client
 
 log = structlog.get_logger("quire.executor.liveness")
 
@@ -39,11 +39,7 @@ class LivenessPublisher:
         record: Callable[[], ExecutorRecord],
         interval_s: float = HEARTBEAT_S,
     ) -> None:
-        self.redis = aioredis.from_url(
-            redis_url,
-            socket_timeout=_REDIS_TIMEOUT_S,
-            socket_connect_timeout=_REDIS_TIMEOUT_S,
-        )
+        self.redis = redis_client.connect(redis_url, _REDIS_TIMEOUT_S)
         self.prefix = prefix
         self.record = record
         self.interval_s = interval_s

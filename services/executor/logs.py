@@ -8,7 +8,7 @@ memory manager as `x-request-ids` metadata on the Step call (`RequestIds`).
 from __future__ import annotations
 
 from quire.block.allocator import StepAllocation
-from services import jsonlog
+from services.common import jsonlog
 
 MAX_STEP_REQUEST_IDS = 32  # most ids sent with one Step call (a decode step touches all)
 bind_global = jsonlog.bind_global

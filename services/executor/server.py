@@ -17,19 +17,19 @@ import structlog
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from quire.cluster import tls
 from quire.cluster.registry import ExecutorRecord
-from quire.cluster.remote_allocator import StaleEpochError
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
-from quire.rpc import executor_pb2, executor_pb2_grpc
+from services.common import tls
 from services.executor import allocator as alloc
 from services.executor.engine_loop import EngineLoop
 from services.executor.liveness import LivenessPublisher
 from services.executor.logs import RequestIds, bind_global
 from services.executor.metrics import ExecutorMetrics
+from services.executor.remote_allocator import StaleEpochError
 from services.executor.servicer import ExecutorIdentity, ExecutorServicer
 from services.executor.settings import ExecutorSettings
+from services.rpc import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("quire.executor")
 

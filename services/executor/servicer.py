@@ -13,9 +13,8 @@ import grpc
 import structlog
 
 from quire.outputs import RequestDelta
-from quire.rpc import executor_pb2 as pb
-from quire.rpc import executor_pb2_grpc
 from quire.sampling_params import SamplingParams
+from services.common.wire.executor import aborted_response, delta_to_proto, params_from_proto
 from services.executor.engine_loop import (
     Aborted,
     DuplicateRequestError,
@@ -24,7 +23,8 @@ from services.executor.engine_loop import (
     SinkEvent,
 )
 from services.executor.logs import safe_request_id
-from services.wire.executor import aborted_response, delta_to_proto, params_from_proto
+from services.rpc import executor_pb2 as pb
+from services.rpc import executor_pb2_grpc
 
 log = structlog.get_logger("quire.executor.servicer")
 

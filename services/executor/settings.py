@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import socket
-import types
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Union, get_args, get_origin
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from quire.cluster.tls import check_server_paths
+from services.common import cli
+from services.common.tls import check_server_paths
 
 LOCAL_MEMORY_MANAGER = "local"  # --memory-manager value for an in-process BlockManager
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -109,37 +107,11 @@ class ExecutorSettings(BaseSettings):
         return self.served_model_name or Path(self.model).expanduser().name
 
 
-def _flag_type(annotation: Any) -> type:
-    """The scalar type of a field annotation (`int | None` -> int)."""
-    if get_origin(annotation) in (Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
-    assert isinstance(annotation, type), f"unsupported settings annotation {annotation!r}"
-    return annotation
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """One flag per settings field; a flag given on the command line overrides the env."""
-    parser = argparse.ArgumentParser(
+def parse_settings(argv: Sequence[str] | None = None) -> ExecutorSettings:
+    """Settings from the environment, overridden by the flags in `argv`."""
+    return cli.parse_settings(
+        ExecutorSettings,
+        argv,
         prog="python -m services.executor",
         description="Quire executor: model weights, paged KV cache and the engine step loop.",
     )
-    for name, field in ExecutorSettings.model_fields.items():
-        flag = "--" + name.replace("_", "-")
-        kind = _flag_type(field.annotation)
-        help_text = f"{field.description} [env QUIRE_{name.upper()}; default {field.default!r}]"
-        if kind is bool:
-            parser.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                default=argparse.SUPPRESS,
-                help=help_text,
-            )
-        else:
-            parser.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=help_text)
-    return parser
-
-
-def parse_settings(argv: Sequence[str] | None = None) -> ExecutorSettings:
-    """Settings from the environment, overridden by the flags in `argv`."""
-    overrides = vars(build_parser().parse_args(argv))
-    return ExecutorSettings(**overrides)

@@ -6,11 +6,10 @@ the environment. SIGTERM / SIGINT stop it gracefully.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import signal
-from typing import Any
 
+from services.common import cli
 from services.memory_manager.logs import configure_logging
 from services.memory_manager.server import MemoryManagerServer
 from services.memory_manager.settings import Settings
@@ -18,24 +17,12 @@ from services.memory_manager.settings import Settings
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
     """Settings from the environment, overridden by the flags given in `argv`."""
-    parser = argparse.ArgumentParser(
+    return cli.parse_settings(
+        Settings,
+        argv,
         prog="python -m services.memory_manager",
         description="Quire memory manager: block tables, refcounts and prefix index over gRPC.",
     )
-    for name, field in Settings.model_fields.items():
-        env = f"QUIRE_{name.upper()}"
-        kind = type(field.default)
-        parser.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            # --flag / --no-flag for booleans (bool("false") would be True)
-            **({"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}),
-            default=None,
-            help=f"{field.description} (env {env}, default {field.default!r})",
-        )
-    flags = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    overrides: dict[str, Any] = flags
-    return Settings(**overrides)
 
 
 async def serve(settings: Settings) -> None:

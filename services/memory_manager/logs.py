@@ -1,11 +1,11 @@
-"""Memory-manager logging: the shared JSON setup (services/jsonlog.py).
+"""Memory-manager logging: the shared JSON setup (services/common/jsonlog.py).
 
 Step lines carry the executor's `request_ids` (its Step calls' `x-request-ids` metadata).
 """
 
 from __future__ import annotations
 
-from services import jsonlog
+from services.common import jsonlog
 
 SERVICE = "memory-manager"
 

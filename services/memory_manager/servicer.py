@@ -16,15 +16,12 @@ from typing import NoReturn
 import grpc
 import structlog
 
-from quire.cluster.allocator_wire import (
+from services.common.wire.memory_manager import (
     live_from_proto,
     result_to_proto,
     stats_to_proto,
     step_from_proto,
 )
-from quire.cluster.prefix_publisher import PrefixPublisher
-from quire.rpc import memory_manager_pb2 as pb
-from quire.rpc import memory_manager_pb2_grpc as pb_grpc
 from services.memory_manager.metrics import ManagerMetrics
 from services.memory_manager.pools import (
     ExecutorPool,
@@ -32,6 +29,9 @@ from services.memory_manager.pools import (
     StaleEpochError,
     UnknownExecutorError,
 )
+from services.memory_manager.prefix_publisher import PrefixPublisher
+from services.rpc import memory_manager_pb2 as pb
+from services.rpc import memory_manager_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from quire.cluster.tls import check_server_paths
+from services.common.tls import check_server_paths
 
 
 class Settings(BaseSettings):

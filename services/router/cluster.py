@@ -29,6 +29,7 @@ from quire.cluster.registry import (
     executors_key,
     prefix_key,
 )
+from services.common import redis_client
 
 log = structlog.get_logger("router.cluster")
 
@@ -87,12 +88,7 @@ class ExecutorDirectory:
         self.down_s = down_s
         self.redis: aioredis.Redis | None = None
         if redis_url:
-            self.redis = aioredis.from_url(
-                redis_url,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                retry_on_timeout=False,
-            )
+            self.redis = redis_client.connect(redis_url, timeout_s)
             self._live_records = self.redis.register_script(_LIVE_RECORDS_LUA)
         self.static = [
             ExecutorRecord(executor_id=a, address=a, epoch=0, model=next(iter(model_names)))

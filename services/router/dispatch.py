@@ -17,13 +17,13 @@ import grpc
 import structlog
 
 from quire.cluster.routing import Candidate, RoutingConfig, RoutingDecision, choose_executor
-from quire.rpc import executor_pb2, executor_pb2_grpc
 from services.router.admission import ALL_EXECUTORS_FULL, Admission, current_ticket
 from services.router.cluster import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
 from services.router.log import current_request_id
 from services.router.metrics import RouterMetrics
+from services.rpc import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("router.dispatch")
 

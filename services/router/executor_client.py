@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import grpc
 
-from quire.cluster import tls
-from quire.rpc import executor_pb2_grpc
+from services.common import tls
+from services.rpc import executor_pb2_grpc
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),

@@ -17,10 +17,10 @@ import structlog
 
 from quire.block.hashing import hash_full_blocks
 from quire.engine.output_processor import SequenceText
-from quire.rpc import executor_pb2
 from quire.sampling_params import SamplingParams
+from services.common.wire.executor import delta_from_proto, params_to_proto
 from services.router.dispatch import Dispatcher, ExecutorStream
-from services.wire.executor import delta_from_proto, params_to_proto
+from services.rpc import executor_pb2
 
 log = structlog.get_logger("router.generation")
 

@@ -12,7 +12,7 @@ import uuid
 
 import structlog
 
-from services import jsonlog
+from services.common import jsonlog
 
 SERVICE = "router"
 

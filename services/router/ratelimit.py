@@ -28,6 +28,7 @@ import structlog
 from fastapi import Request
 from redis.exceptions import RedisError
 
+from services.common import redis_client
 from services.router.auth import ANONYMOUS
 from services.router.errors import ApiError
 from services.router.settings import RouterSettings
@@ -81,12 +82,7 @@ class RateLimiter:
         self.tpm = tpm
         self.redis: aioredis.Redis | None = None
         if self.is_enabled:
-            self.redis = aioredis.from_url(
-                redis_url,
-                socket_timeout=timeout_s,
-                socket_connect_timeout=timeout_s,
-                retry_on_timeout=False,
-            )
+            self.redis = redis_client.connect(redis_url, timeout_s)
             self._script = self.redis.register_script(_CHECK_AND_CHARGE_LUA)
         self._failing = False
 

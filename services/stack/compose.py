@@ -56,7 +56,7 @@ def healthcheck_test(health: HealthCheck, python: str) -> list[str]:
     """The container-side check of one process, as a compose `test` list."""
     if health.kind == "redis":
         return ["CMD", "redis-cli", "-p", str(health.port), "ping"]
-    check = [python, "-m", "services.healthcheck"]
+    check = [python, "-m", "services.common.healthcheck"]
     if health.kind == "grpc":
         return ["CMD", *check, "grpc", f"127.0.0.1:{health.port}"]
     if health.kind == "http":

@@ -30,3 +30,21 @@ def free_range(n: int, taken: set[int]) -> int:
             continue
         taken.update(block)
         return base
+
+
+def free_port() -> int:
+    """One free port (see `free_range`)."""
+    return free_range(1, set())
+
+
+def stack_ports(num_executors: int) -> dict[str, int]:
+    """Free ports for every listener of one local stack, as `StackConfig` fields."""
+    taken: set[int] = set()
+    return {
+        "executor_base_port": free_range(num_executors, taken),
+        "executor_base_metrics_port": free_range(num_executors, taken),
+        "router_port": free_range(1, taken),
+        "redis_port": free_range(1, taken),
+        "memory_manager_port": free_range(1, taken),
+        "memory_manager_metrics_port": free_range(1, taken),
+    }

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 
 from benchmarks import serving as bench
 from quire.tools.make_model import make_checkpoint
+from quire.workloads.lengths import lognormal_lengths
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "models" / "quire-tiny"
@@ -203,8 +204,11 @@ def test_requests_without_shared_prefix_are_the_lognormal_lengths(tiny: Path) ->
     assert args.shared_prefix_len == 0
     requests = bench.make_requests(tiny, 12, args, seed=7)
     rng = np.random.default_rng(args.seed)
-    prompt_lens = bench.lognormal_lengths(rng, args.input_len, 12, 4, args.random_max_input_len)
-    output_lens = bench.lognormal_lengths(rng, args.output_len, 12, 2, args.random_max_output_len)
+    sigma = bench.LENGTH_SIGMA
+    prompt_lens = lognormal_lengths(rng, args.input_len, sigma, 12, 4, args.random_max_input_len)
+    prompt_lens = prompt_lens.tolist()
+    output_lens = lognormal_lengths(rng, args.output_len, sigma, 12, 2, args.random_max_output_len)
+    output_lens = output_lens.tolist()
     assert [r.prompt_len for r in requests] == prompt_lens
     assert [r.output_len for r in requests] == output_lens
     assert requests == bench.make_requests(tiny, 12, args, seed=7)

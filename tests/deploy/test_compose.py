@@ -171,7 +171,7 @@ def test_dependencies_wait_for_healthy_services(
 def test_healthchecks_probe_each_service_on_its_own_port(doc: dict[str, Any]) -> None:
     c = CONTAINER_CONFIG
     tests = {name: s["healthcheck"]["test"] for name, s in doc["services"].items()}
-    check = ["CMD", "python", "-m", "services.healthcheck"]
+    check = ["CMD", "python", "-m", "services.common.healthcheck"]
     assert tests["redis"] == ["CMD", "redis-cli", "-p", str(c.redis_port), "ping"]
     assert tests["memory-manager"] == [*check, "grpc", f"127.0.0.1:{c.memory_manager_port}"]
     assert tests["executor-1"] == [*check, "grpc", f"127.0.0.1:{c.executor_base_port + 1}"]

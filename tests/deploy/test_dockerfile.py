@@ -71,7 +71,7 @@ def test_healthchecks_use_the_default_ports() -> None:
     for target, check in expected.items():
         healthcheck = only(stages()[target], "HEALTHCHECK")
         cmd = json.loads(healthcheck[healthcheck.index("CMD") + 3 :].strip())
-        assert cmd == ["python", "-m", "services.healthcheck", *check]
+        assert cmd == ["python", "-m", "services.common.healthcheck", *check]
 
 
 def test_variants_pick_the_torch_build_and_default_to_cpu() -> None:
@@ -90,9 +90,9 @@ def test_runtime_is_non_root_with_stubs_and_model_built_in() -> None:
     build = re.sub(r"\s+", " ", " ".join(rest for k, rest in all_stages["build"] if k == "RUN"))
     # The same codegen as `make proto`.
     makefile = (REPO / "Makefile").read_text()
-    flags = "-Iprotos --python_out=libs --grpc_python_out=libs --pyi_out=libs"
+    flags = "-Iprotos --python_out=. --grpc_python_out=. --pyi_out=."
     assert flags in makefile.replace("\t", "")
-    assert f"grpc_tools.protoc {flags} protos/quire/rpc/*.proto" in build
+    assert f"grpc_tools.protoc {flags} protos/services/rpc/*.proto" in build
     assert "quire.tools.gguf_convert --out /models/smollm2-135m-instruct" in build
     assert CONTAINER_CONFIG.model == "/models/smollm2-135m-instruct"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services.stack.ports import free_range
+from services.stack.ports import stack_ports
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 
@@ -19,21 +19,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    taken: set[int] = set()
-    base = free_range(2, taken)
+    ports = stack_ports(2)
     config = StackConfig(
         model=str(REPO / "models" / "quire-tiny"),
-        router_port=free_range(1, taken),
-        redis_port=free_range(1, taken),
-        memory_manager_port=free_range(1, taken),
-        executor_base_port=base,
-        memory_manager_metrics_port=free_range(1, taken),
-        executor_base_metrics_port=free_range(2, taken),
+        **ports,
         num_executors=2,
         num_kv_blocks=512,
         max_pending_per_executor=24,
         max_pending_total=40,
-        redis_prefix=f"quire-test-{base}",
+        redis_prefix=f"quire-test-{ports['executor_base_port']}",
         python=sys.executable,
     )
     s = Stack(config, tmp_path_factory.mktemp("stack"), cwd=REPO)

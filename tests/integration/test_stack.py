@@ -136,7 +136,7 @@ def test_shared_prefix_goes_to_one_executor_and_hits(stack: Stack) -> None:
     # The memory manager itself counts the hits for that executor.
     import grpc
 
-    from quire.rpc import memory_manager_pb2, memory_manager_pb2_grpc
+    from services.rpc import memory_manager_pb2, memory_manager_pb2_grpc
 
     target = f"{stack.config.host}:{stack.config.memory_manager_port}"
     with grpc.insecure_channel(target) as channel:

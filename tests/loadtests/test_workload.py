@@ -11,11 +11,11 @@ import pytest
 
 from loadtests.workload import (
     LoadConfig,
-    lognormal_length,
     plan_request,
     tenant_system_prompts,
     words_for,
 )
+from quire.workloads.lengths import lognormal_length
 from services.router.prompts import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

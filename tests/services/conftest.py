@@ -1,6 +1,5 @@
 """Shared fixtures for service tests: a real redis-server and service subprocesses.
 
-- `free_port()`: a TCP port nobody listens on right now.
 - `RedisServer` / the `redis_server` fixture: a throwaway `redis-server` on a free
   port (no persistence), with `stop()` / `start()` to simulate outages on the same
   port; `redis_url` is the URL alone.
@@ -29,15 +28,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from services.stack.ports import free_range
+from services.stack.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    """A free port below the ephemeral range, where the kernel will not hand it to another
-    socket before the service binds it."""
-    return free_range(1, set())
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:

@@ -20,12 +20,12 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from quire.cluster import tls
 from quire.cluster.registry import ExecutorRecord
-from quire.rpc import memory_manager_pb2 as pb
-from quire.rpc import memory_manager_pb2_grpc as pb_grpc
+from services.common import tls
 from services.router.deps import StateDep
 from services.router.state import RouterState
+from services.rpc import memory_manager_pb2 as pb
+from services.rpc import memory_manager_pb2_grpc as pb_grpc
 
 PAGE = Path(__file__).resolve().parents[1] / "static" / "dashboard.html"
 SNAPSHOT_S = 0.2  # a snapshot younger than this is served again

@@ -1,1 +1,1 @@
-"""Tests of quire.cluster."""
+"""Tests of quire.cluster (routing policy and Redis records)."""

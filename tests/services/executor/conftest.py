@@ -13,7 +13,8 @@ import pytest
 
 from services.executor.server import ExecutorServer
 from services.executor.settings import ExecutorSettings
-from tests.services.conftest import RedisServer, ServiceProcess, free_port
+from services.stack.ports import free_port
+from tests.services.conftest import RedisServer, ServiceProcess
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"

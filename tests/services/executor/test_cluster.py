@@ -19,9 +19,10 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from quire.cluster.registry import LIVENESS_TTL_S, ExecutorRecord, executor_key, executors_key
-from quire.rpc import executor_pb2 as pb
-from quire.rpc import executor_pb2_grpc, memory_manager_pb2, memory_manager_pb2_grpc
-from tests.services.conftest import RedisServer, ServiceProcess, free_port, wait_for
+from services.rpc import executor_pb2 as pb
+from services.rpc import executor_pb2_grpc, memory_manager_pb2, memory_manager_pb2_grpc
+from services.stack.ports import free_port
+from tests.services.conftest import RedisServer, ServiceProcess, wait_for
 
 PREFIX = "quire-test"
 NUM_KV_BLOCKS = 128

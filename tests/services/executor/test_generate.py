@@ -13,9 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
 from quire import LLM, SamplingParams
-from quire.rpc import executor_pb2 as pb
-from quire.rpc import executor_pb2_grpc
 from services.executor.server import ExecutorServer
+from services.rpc import executor_pb2 as pb
+from services.rpc import executor_pb2_grpc
 from tests.services.executor.conftest import NUM_KV_BLOCKS, LoopThread
 
 PROMPT = [1, 412, 87, 1024, 9, 3301, 77, 18, 250, 4001, 6]

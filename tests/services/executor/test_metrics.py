@@ -12,12 +12,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from quire.block.allocator import AdmitRequest, AppendRequest, ForkRequest, StepAllocation
 from quire.engine.stats import StepStats
-from quire.rpc import executor_pb2 as pb
-from quire.rpc import executor_pb2_grpc
 from services.executor.logs import RequestIds, safe_request_id
 from services.executor.metrics import EngineSnapshot, ExecutorMetrics
 from services.executor.server import ExecutorServer
 from services.executor.settings import ExecutorSettings
+from services.rpc import executor_pb2 as pb
+from services.rpc import executor_pb2_grpc
 from tests.services.executor.conftest import LoopThread
 
 PROMPT = list(range(5, 45))  # 40 tokens: two full 16-token blocks

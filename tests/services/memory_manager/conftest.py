@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pytest
 
 from quire.block import LiveSequenceState, StepAllocation, StepAllocationResult
-from quire.cluster.remote_allocator import RemoteBlockAllocator
+from services.executor.remote_allocator import RemoteBlockAllocator
 from services.memory_manager.server import MemoryManagerServer
 from services.memory_manager.settings import Settings
 

@@ -6,9 +6,9 @@ import grpc
 import pytest
 
 from quire.block import BlockManager, StepAllocation
-from quire.cluster.allocator_wire import stats_from_proto, step_to_proto
-from quire.rpc import memory_manager_pb2 as pb
-from quire.rpc import memory_manager_pb2_grpc as pb_grpc
+from services.common.wire.memory_manager import stats_from_proto, step_to_proto
+from services.rpc import memory_manager_pb2 as pb
+from services.rpc import memory_manager_pb2_grpc as pb_grpc
 from tests.services.memory_manager.conftest import ManagerThread
 from tests.services.memory_manager.test_servicer import BS, SCENARIO, register_request
 

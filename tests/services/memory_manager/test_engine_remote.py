@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from quire.block import LiveSequenceState
-from quire.cluster.remote_allocator import RemoteBlockAllocator
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
-from tests.services.conftest import free_port
+from services.executor.remote_allocator import RemoteBlockAllocator
+from services.stack.ports import free_port
 from tests.services.memory_manager.conftest import ManagerThread
 
 TINY = Path(__file__).resolve().parents[3] / "models" / "quire-tiny"

@@ -14,7 +14,8 @@ from quire.block import (
     hash_full_blocks,
 )
 from quire.cluster.registry import prefix_key
-from tests.services.conftest import RedisServer, ServiceProcess, free_port, wait_for
+from services.stack.ports import free_port
+from tests.services.conftest import RedisServer, ServiceProcess, wait_for
 from tests.services.memory_manager.conftest import MirroredAllocator
 
 BS = 4

@@ -8,7 +8,7 @@ import pytest
 
 from quire.block import AdmitRequest, CommitRequest, StepAllocation, hash_full_blocks
 from quire.cluster.registry import prefix_key
-from quire.cluster.remote_allocator import RemoteBlockAllocator
+from services.executor.remote_allocator import RemoteBlockAllocator
 from tests.services.conftest import RedisServer, wait_for
 from tests.services.memory_manager.conftest import ManagerThread
 

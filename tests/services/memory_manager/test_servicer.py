@@ -18,11 +18,12 @@ from quire.block import (
     ForkRequest,
     StepAllocation,
 )
-from quire.cluster.allocator_wire import step_to_proto
-from quire.cluster.remote_allocator import RemoteBlockAllocator, StaleEpochError
-from quire.rpc import memory_manager_pb2 as pb
-from quire.rpc import memory_manager_pb2_grpc as pb_grpc
-from tests.services.conftest import free_port, grpc_health_status
+from services.common.wire.memory_manager import step_to_proto
+from services.executor.remote_allocator import RemoteBlockAllocator, StaleEpochError
+from services.rpc import memory_manager_pb2 as pb
+from services.rpc import memory_manager_pb2_grpc as pb_grpc
+from services.stack.ports import free_port
+from tests.services.conftest import grpc_health_status
 from tests.services.memory_manager.conftest import ManagerThread
 
 BS = 4

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from quire.rpc import executor_pb2 as pb
-from quire.rpc import executor_pb2_grpc
+from services.rpc import executor_pb2 as pb
+from services.rpc import executor_pb2_grpc
 
 EOS = 2
 

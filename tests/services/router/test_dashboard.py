@@ -8,10 +8,10 @@ import grpc
 import pytest
 
 from quire.block import AdmitRequest, StepAllocation
-from quire.cluster.allocator_wire import step_to_proto
-from quire.rpc import memory_manager_pb2 as pb
-from quire.rpc import memory_manager_pb2_grpc as pb_grpc
-from tests.services.conftest import free_port
+from services.common.wire.memory_manager import step_to_proto
+from services.rpc import memory_manager_pb2 as pb
+from services.rpc import memory_manager_pb2_grpc as pb_grpc
+from services.stack.ports import free_port
 from tests.services.memory_manager.conftest import ManagerThread
 from tests.services.router.conftest import Cluster
 

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 from services.router.auth import key_id
-from tests.services.conftest import free_port
+from services.stack.ports import free_port
 from tests.services.router.conftest import MODEL_NAME, Cluster
 
 KEY_A = "sk-rate-a-0123456789"

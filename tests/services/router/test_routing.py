@@ -7,7 +7,8 @@ from typing import Any
 from quire.block.hashing import hash_full_blocks
 from quire.cluster.registry import ExecutorRecord
 from quire.cluster.routing import Candidate, choose_executor
-from tests.services.conftest import RedisServer, free_port, wait_for
+from services.stack.ports import free_port
+from tests.services.conftest import RedisServer, wait_for
 from tests.services.router.conftest import MODEL_NAME, Cluster, RouterHandle
 from tests.services.router.fake_executor import Script
 

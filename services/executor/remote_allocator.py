@@ -41,15 +41,15 @@ import structlog
 
 from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocationResult
 from quire.block.restore import LiveSequenceState
-from quire.cluster import tls
-from quire.cluster.allocator_wire import (
+from services.common import tls
+from services.common.wire.memory_manager import (
     live_to_proto,
     result_from_proto,
     stats_from_proto,
     step_to_proto,
 )
-from quire.rpc import memory_manager_pb2 as pb
-from quire.rpc import memory_manager_pb2_grpc as pb_grpc
+from services.rpc import memory_manager_pb2 as pb
+from services.rpc import memory_manager_pb2_grpc as pb_grpc
 
 log = structlog.get_logger(__name__)
 

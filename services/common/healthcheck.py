@@ -1,7 +1,7 @@
 """Container health checks with nothing but the image's Python (no grpc_health_probe, no curl).
 
-    python -m services.healthcheck grpc 127.0.0.1:50051 [--service quire.v1.MemoryManager]
-    python -m services.healthcheck http http://127.0.0.1:8000/health
+    python -m services.common.healthcheck grpc 127.0.0.1:50051 [--service quire.v1.MemoryManager]
+    python -m services.common.healthcheck http http://127.0.0.1:8000/health
 
 Exit status 0 when healthy (gRPC: `grpc.health.v1.Health/Check` answers SERVING; HTTP: status
 200), 1 otherwise, with one line on stderr saying why. Docker HEALTHCHECKs and compose
@@ -47,7 +47,8 @@ def check_http(url: str, timeout_s: float = 2.0) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.healthcheck", description="Exit 0 when a service is healthy."
+        prog="python -m services.common.healthcheck",
+        description="Exit 0 when a service is healthy.",
     )
     parser.add_argument("kind", choices=["grpc", "http"])
     parser.add_argument("target", help="host:port for grpc, a URL for http")

@@ -4,24 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from quire.cluster.prefix_publisher import PrefixPublisher
 from quire.cluster.registry import prefix_key
+from services.memory_manager.prefix_publisher import PrefixPublisher
 from tests.services.conftest import RedisServer
 
 H = [bytes([i]) * 16 for i in range(8)]
-
-
-@pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(log_dir=tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 def members(server: RedisServer, executor_id: str, epoch: int) -> set[bytes]:

@@ -7,12 +7,12 @@ import time
 import pytest
 
 from quire.block import AdmitRequest, AppendRequest, CommitRequest, ForkRequest, StepAllocation
-from quire.cluster.remote_allocator import (
+from services.executor.remote_allocator import (
     AllocatorUnavailableError,
     RemoteBlockAllocator,
     filter_step,
 )
-from tests.services.conftest import free_port
+from services.stack.ports import free_port
 
 
 def test_filter_drops_commits_and_frees_of_unknown_sequences() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.cluster.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
+from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
 from services.memory_manager.server import MemoryManagerServer
 from services.memory_manager.settings import Settings
 

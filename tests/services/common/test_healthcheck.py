@@ -1,9 +1,8 @@
-"""services.healthcheck: the container health checks of the Dockerfile and compose.yaml."""
+"""services.common.healthcheck: the container health checks of the Dockerfile and compose.yaml."""
 
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -12,13 +11,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from services.healthcheck import main
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from services.common.healthcheck import main
+from services.stack.ports import free_port
 
 
 @pytest.fixture
@@ -46,7 +40,7 @@ def test_grpc_serving_not_serving_and_unknown_service(
 
 
 def test_grpc_nothing_listening(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["grpc", f"127.0.0.1:{_free_port()}", "--timeout-s", "0.5"]) == 1
+    assert main(["grpc", f"127.0.0.1:{free_port()}", "--timeout-s", "0.5"]) == 1
     assert "UNAVAILABLE" in capsys.readouterr().err
 
 
@@ -71,4 +65,4 @@ def test_http_200_is_healthy_anything_else_is_not(capsys: pytest.CaptureFixture[
     finally:
         server.shutdown()
         server.server_close()
-    assert main(["http", f"http://127.0.0.1:{_free_port()}/health", "--timeout-s", "0.5"]) == 1
+    assert main(["http", f"http://127.0.0.1:{free_port()}/health", "--timeout-s", "0.5"]) == 1

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
-from quire.rpc import executor_pb2 as pb
 from quire.sampling_params import SamplingParams
-from services.wire.executor import (
+from services.common.wire.executor import (
     aborted_response,
     delta_from_proto,
     delta_to_proto,
     params_from_proto,
     params_to_proto,
 )
+from services.rpc import executor_pb2 as pb
 
 
 def test_unset_proto_fields_take_sampling_params_defaults() -> None:

@@ -12,8 +12,8 @@ import math
 from collections.abc import Iterable
 
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
-from quire.rpc import executor_pb2 as pb
 from quire.sampling_params import SamplingParams
+from services.rpc import executor_pb2 as pb
 
 # Copied as they are; 0 / False / 0.0 on the wire are the engine's defaults too.
 _PLAIN_FIELDS = (

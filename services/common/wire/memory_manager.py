@@ -16,7 +16,7 @@ from quire.block.allocator import (
     StepAllocationResult,
 )
 from quire.block.restore import LiveSequenceState
-from quire.rpc import memory_manager_pb2 as pb
+from services.rpc import memory_manager_pb2 as pb
 
 
 def step_to_proto(executor_id: str, epoch: int, step: StepAllocation) -> pb.StepRequest:

@@ -29,10 +29,9 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 import structlog
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from quire.cluster.registry import PREFIX_TTL_S, prefix_key
+from services.common import redis_client
 
 log = structlog.get_logger(__name__)
 
@@ -97,8 +96,8 @@ class PrefixPublisher:
     def from_url(cls, url: str, prefix: str = "quire", **kwargs: float) -> PrefixPublisher:
         """A publisher with its own client: short timeouts and no retries inside the
         client (a dead Redis fails the round fast; the publisher's loop retries)."""
-        client = aioredis.Redis.from_url(
-            url, socket_connect_timeout=1.0, socket_timeout=2.0, retry=Retry(NoBackoff(), 0)
+        client = redis_client.connect(
+            url, timeout_s=2.0, connect_timeout_s=1.0, client_retries=False
         )
         return cls(client, prefix, **kwargs)
 

@@ -1,0 +1,1 @@
+"""Proto <-> dataclass codecs, one module per gRPC contract of protos/services/rpc/."""

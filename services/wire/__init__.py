@@ -1,1 +1,0 @@
-"""Protobuf <-> dataclass codecs, one module per gRPC contract (used by both of its ends)."""

@@ -1,0 +1,1 @@
+"""Tests of services.common."""
