@@ -1,7 +1,7 @@
 """The engine step loop: one dedicated thread owns the (synchronous, not thread-safe) engine.
 
 Every other thread talks to it through a command list guarded by a condition variable:
-`add`, `abort`, `snapshot` and `abort_all` return a `concurrent.futures.Future` that the
+`add`, `abort`, `fresh_load` and `abort_all` return a `concurrent.futures.Future` that the
 loop thread resolves. Before each step the loop runs every pending command; when there is
 neither work nor a command it sleeps on the condition (no busy spin). Each request has a
 sink, a callable the loop thread hands every `RequestDelta` of that request (and finally
@@ -20,12 +20,13 @@ from typing import TypeAlias, TypeVar
 
 import structlog
 
+from quire.cluster.registry import ExecutorLoad
 from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats
 from quire.outputs import RequestDelta
 from quire.sampling_params import SamplingParams
 from services.executor.logs import RequestIds
-from services.executor.metrics import EngineSnapshot, ExecutorMetrics
+from services.executor.metrics import ExecutorMetrics
 
 log = structlog.get_logger("quire.executor.engine_loop")
 
@@ -68,7 +69,7 @@ class EngineLoop:
         self,
         engine: LLMEngine,
         metrics: ExecutorMetrics | None = None,
-        snapshot_interval_s: float = 0.1,
+        load_interval_s: float = 0.1,
         on_step_error: Callable[[Exception], None] | None = None,
         request_ids: RequestIds | None = None,
     ) -> None:
@@ -79,8 +80,8 @@ class EngineLoop:
         self.metrics = metrics
         self.request_ids = request_ids or RequestIds()
         self.on_step_error = on_step_error
-        self.snapshot_interval_s = snapshot_interval_s
-        self.snapshot = EngineSnapshot()  # latest load figures; replaced, never mutated
+        self.load_interval_s = load_interval_s
+        self.load = ExecutorLoad()  # the latest load record; replaced, never mutated
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
         self._stopping = False
@@ -88,12 +89,12 @@ class EngineLoop:
         # Owned by the loop thread only:
         self._sinks: dict[str, Sink] = {}
         self._timings: dict[str, _Timing] = {}
-        self._snapshot_at = 0.0
+        self._load_at = 0.0
 
     # --- any thread ------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._refresh_snapshot()
+        self._refresh_load()
         self._thread.start()
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
@@ -144,9 +145,9 @@ class EngineLoop:
         """Abort every request; the Future gives how many there were."""
         return self.submit(lambda: sum(self._abort(rid) for rid in list(self._sinks)))
 
-    def fresh_snapshot(self) -> Future[EngineSnapshot]:
-        """A snapshot taken between steps, now (costs one allocator stats call)."""
-        return self.submit(self._refresh_snapshot)
+    def fresh_load(self) -> Future[ExecutorLoad]:
+        """The load taken between steps, now (costs one allocator stats call)."""
+        return self.submit(self._refresh_load)
 
     def stop(self, timeout: float | None = None) -> None:
         """Abort whatever still runs, stop the thread and wait for it."""
@@ -173,13 +174,13 @@ class EngineLoop:
             if stopping:
                 for request_id in list(self._sinks):
                     self._abort(request_id)
-                self._refresh_snapshot()
+                self._refresh_load()
                 return
             if self._has_work():
                 self._step()
             now = time.monotonic()
-            if not self._has_work() or now - self._snapshot_at >= self.snapshot_interval_s:
-                self._refresh_snapshot()
+            if not self._has_work() or now - self._load_at >= self.load_interval_s:
+                self._refresh_load()
 
     def _add(
         self,
@@ -270,23 +271,23 @@ class EngineLoop:
             self._forget(request_id)
             self._sinks.pop(request_id)(EngineFailure(message))
 
-    def _refresh_snapshot(self) -> EngineSnapshot:
-        self._snapshot_at = time.monotonic()
+    def _refresh_load(self) -> ExecutorLoad:
+        """Build the one load record from the engine's counters (the only place it is built)."""
+        self._load_at = time.monotonic()
         try:
             stats = self.engine.stats()
         except Exception as exc:
             log.warning("engine stats failed", error=str(exc))
-            return self.snapshot
-        snapshot = EngineSnapshot(
+            return self.load
+        pool = stats.allocator
+        self.load = ExecutorLoad(
             num_running=stats.num_running,
             num_waiting=stats.num_waiting,
-            kv_blocks_total=stats.allocator.num_blocks_total,
-            kv_blocks_used=stats.allocator.num_blocks_used,
-            kv_blocks_cached=stats.allocator.num_blocks_cached,
-            prefix_cache_queries=stats.allocator.prefix_cache_queries,
-            prefix_cache_hits=stats.allocator.prefix_cache_hits,
+            kv_blocks_total=pool.num_blocks_total,
+            kv_blocks_used=pool.num_blocks_used,
+            kv_blocks_cached=pool.num_blocks_cached,
         )
-        self.snapshot = snapshot
         if self.metrics is not None:
-            self.metrics.observe_snapshot(snapshot)
-        return snapshot
+            self.metrics.observe_load(self.load)
+            self.metrics.observe_prefix_cache(pool.prefix_cache_queries, pool.prefix_cache_hits)
+        return self.load

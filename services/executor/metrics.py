@@ -22,11 +22,11 @@ Exposed series (every one labelled `model_name`; counters get prometheus_client'
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from quire.cluster.registry import ExecutorLoad
 from quire.engine.stats import StepStats
 
 # vLLM's buckets (seconds).
@@ -42,23 +42,6 @@ _E2E_BUCKETS: tuple[float, ...] = (
     *(0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0),
     *(60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
 )
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """The engine's load at one instant, taken by the loop thread between steps."""
-
-    num_running: int = 0  # sequences (a request with n > 1 counts n once forked)
-    num_waiting: int = 0
-    kv_blocks_total: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_cached: int = 0
-    prefix_cache_queries: int = 0  # prompt tokens looked up, since the pool was created
-    prefix_cache_hits: int = 0  # of those, found cached
-
-    @property
-    def kv_cache_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
 class ExecutorMetrics:
@@ -110,27 +93,25 @@ class ExecutorMetrics:
             "Time a request waited before it was first scheduled.",
             _E2E_BUCKETS,
         )
-        self._last: EngineSnapshot | None = None
+        self._prefix_totals: tuple[int, int] | None = None  # (queries, hits) last seen
 
-    def observe_snapshot(self, snapshot: EngineSnapshot) -> None:
-        """Set the gauges and advance the counters the engine and allocator keep as totals.
+    def observe_load(self, load: ExecutorLoad) -> None:
+        """Set the load gauges."""
+        self.num_requests_running.set(load.num_running)
+        self.num_requests_waiting.set(load.num_waiting)
+        self.kv_cache_usage_perc.set(load.kv_cache_usage)
 
-        The first snapshot only sets the baseline of the totals (a pool that re-registered
-        with its memory manager may not start from zero).
+    def observe_prefix_cache(self, num_queries: int, num_hits: int) -> None:
+        """Advance the prefix-cache counters from the allocator's totals (in tokens).
+
+        The first call only sets the baseline (a pool that re-registered with its memory
+        manager may not start from zero); totals that go back (a restarted manager forgot
+        them) never count negative.
         """
-        self.num_requests_running.set(snapshot.num_running)
-        self.num_requests_waiting.set(snapshot.num_waiting)
-        self.kv_cache_usage_perc.set(snapshot.kv_cache_usage)
-        last = self._last or EngineSnapshot(
-            prefix_cache_queries=snapshot.prefix_cache_queries,
-            prefix_cache_hits=snapshot.prefix_cache_hits,
-        )
-        # max(0, ...): totals can go back when the memory manager restarts and forgets them.
-        self.prefix_cache_queries.inc(
-            max(0, snapshot.prefix_cache_queries - last.prefix_cache_queries)
-        )
-        self.prefix_cache_hits.inc(max(0, snapshot.prefix_cache_hits - last.prefix_cache_hits))
-        self._last = snapshot
+        last_queries, last_hits = self._prefix_totals or (num_queries, num_hits)
+        self.prefix_cache_queries.inc(max(0, num_queries - last_queries))
+        self.prefix_cache_hits.inc(max(0, num_hits - last_hits))
+        self._prefix_totals = (num_queries, num_hits)
 
     def observe_step(self, stats: StepStats) -> None:
         """Count one engine step's generated tokens and preemptions."""

@@ -177,17 +177,12 @@ class ExecutorServer:
     def record(self) -> ExecutorRecord:
         """This executor's liveness record with its latest load."""
         assert self.identity is not None and self.loop is not None, "not started"
-        snapshot = self.loop.snapshot
         return ExecutorRecord(
             executor_id=self.identity.executor_id,
             address=self.identity.address,
             epoch=self.identity.epoch,
             model=self.identity.model,
-            num_running=snapshot.num_running,
-            num_waiting=snapshot.num_waiting,
-            kv_blocks_total=snapshot.kv_blocks_total,
-            kv_blocks_used=snapshot.kv_blocks_used,
-            kv_blocks_cached=snapshot.kv_blocks_cached,
+            load=self.loop.load,
             draining=self.servicer is not None and self.servicer.draining,
         )
 

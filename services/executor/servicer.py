@@ -14,7 +14,12 @@ import structlog
 
 from quire.outputs import RequestDelta
 from quire.sampling_params import SamplingParams
-from services.common.wire.executor import aborted_response, delta_to_proto, params_from_proto
+from services.common.wire.executor import (
+    aborted_response,
+    delta_to_proto,
+    load_to_proto,
+    params_from_proto,
+)
 from services.executor.engine_loop import (
     Aborted,
     DuplicateRequestError,
@@ -166,18 +171,14 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.ExecutorStatus:
         try:
-            snapshot = await asyncio.wrap_future(self.loop.fresh_snapshot())
-        except RuntimeError:  # the loop stopped: its last snapshot is final
-            snapshot = self.loop.snapshot
+            load = await asyncio.wrap_future(self.loop.fresh_load())
+        except RuntimeError:  # the loop stopped: its last load is final
+            load = self.loop.load
         return pb.ExecutorStatus(
             executor_id=self.identity.executor_id,
             epoch=self.identity.epoch,
             model=self.identity.model,
-            num_running=snapshot.num_running,
-            num_waiting=snapshot.num_waiting,
-            kv_blocks_total=snapshot.kv_blocks_total,
-            kv_blocks_used=snapshot.kv_blocks_used,
-            kv_blocks_cached=snapshot.kv_blocks_cached,
+            load=load_to_proto(load),
             draining=self.draining,
         )
 

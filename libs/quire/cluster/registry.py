@@ -25,7 +25,8 @@ record's are stale and never read.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import msgpack
 
@@ -47,6 +48,32 @@ def prefix_key(prefix: str, executor_id: str, epoch: int) -> str:
 
 
 @dataclass(frozen=True)
+class ExecutorLoad:
+    """An executor's load at one instant: the one record of it.
+
+    The executor's engine loop builds it between steps; the same record goes to Redis (inside
+    `ExecutorRecord`), to `GetStatus` and to the executor's gauges, and routing reads it.
+    """
+
+    num_running: int = 0  # sequences (a request with n > 1 counts n once forked)
+    num_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0  # refcount > 0
+    kv_blocks_cached: int = 0  # refcount 0 but still findable by hash
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Blocks in use / all blocks, 0..1."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @classmethod
+    def from_dict(cls, fields: Any) -> ExecutorLoad:
+        if not isinstance(fields, dict):
+            return cls()
+        return cls(**{k: v for k, v in fields.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
 class ExecutorRecord:
     """Liveness and load of one executor incarnation, as published to Redis."""
 
@@ -54,11 +81,7 @@ class ExecutorRecord:
     address: str  # host:port of its gRPC Executor service
     epoch: int  # changes on every process start
     model: str  # served model name
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_blocks_total: int = 0
-    kv_blocks_used: int = 0
-    kv_blocks_cached: int = 0
+    load: ExecutorLoad = field(default_factory=ExecutorLoad)
     draining: bool = False  # finishing its work, taking no new requests
     updated_at: float = 0.0  # unix time of this heartbeat
 
@@ -71,7 +94,8 @@ class ExecutorRecord:
         if not isinstance(fields, dict):
             raise ValueError("executor record is not a map")
         known = {k: v for k, v in fields.items() if k in cls.__dataclass_fields__}
+        known["load"] = ExecutorLoad.from_dict(known.get("load"))
         return cls(**known)
 
     def stamped(self) -> ExecutorRecord:
-        return ExecutorRecord(**{**asdict(self), "updated_at": time.time()})
+        return replace(self, updated_at=time.time())

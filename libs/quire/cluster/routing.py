@@ -76,13 +76,13 @@ class Candidate:
     @property
     def load(self) -> int:
         """Queued work: the record's running + waiting, or this router's own count if higher."""
-        return max(self.record.num_running + self.record.num_waiting, self.num_pending)
+        load = self.record.load
+        return max(load.num_running + load.num_waiting, self.num_pending)
 
     @property
     def kv_usage(self) -> float:
         """Fraction of the KV pool in use, 0.0 when unknown."""
-        total = self.record.kv_blocks_total
-        return min(1.0, self.record.kv_blocks_used / total) if total > 0 else 0.0
+        return min(1.0, self.record.load.kv_cache_usage)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The executor contract (quire.v1.Executor) in dataclasses: sampling params and step deltas.
+"""The executor contract (quire.v1.Executor) in dataclasses: sampling params, step deltas, load.
 
 Both ends use this one module: the router encodes `SamplingParams` and decodes the stream's
 `GenerateResponse`s into `RequestDelta`s; the executor does the opposite. Text never crosses
@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from quire.cluster.registry import ExecutorLoad
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
 from quire.sampling_params import SamplingParams
 from services.rpc import executor_pb2 as pb
@@ -149,3 +150,14 @@ def _sequence_from_proto(msg: pb.CompletionDelta) -> SequenceDelta:
         finish_reason=msg.finish_reason or None,
         stop_reason=msg.stop_token_id if msg.HasField("stop_token_id") else None,
     )
+
+
+_LOAD_FIELDS = tuple(ExecutorLoad.__dataclass_fields__)
+
+
+def load_to_proto(load: ExecutorLoad) -> pb.ExecutorLoad:
+    return pb.ExecutorLoad(**{name: getattr(load, name) for name in _LOAD_FIELDS})
+
+
+def load_from_proto(msg: pb.ExecutorLoad) -> ExecutorLoad:
+    return ExecutorLoad(**{name: getattr(msg, name) for name in _LOAD_FIELDS})

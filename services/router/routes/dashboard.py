@@ -136,8 +136,8 @@ def _from_record(record: ExecutorRecord, healthy: bool) -> ExecutorBlocks:
         id=record.executor_id,
         address=record.address,
         healthy=healthy and not record.draining,
-        num_running=record.num_running,
-        num_waiting=record.num_waiting,
+        num_running=record.load.num_running,
+        num_waiting=record.load.num_waiting,
         epoch=record.epoch,
     )
 

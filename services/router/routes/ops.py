@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -42,11 +44,7 @@ async def cluster_status(state: StateDep) -> ClusterStatus:
             id=r.executor_id,
             address=r.address,
             healthy=not r.draining and r.executor_id not in down,
-            num_running=r.num_running,
-            num_waiting=r.num_waiting,
-            kv_blocks_total=r.kv_blocks_total,
-            kv_blocks_used=r.kv_blocks_used,
-            kv_blocks_cached=r.kv_blocks_cached,
+            **asdict(r.load),
         )
         for r in view.records
     ]

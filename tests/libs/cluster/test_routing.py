@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quire.block.hashing import hash_full_blocks
-from quire.cluster.registry import ExecutorRecord
+from quire.cluster.registry import ExecutorLoad, ExecutorRecord
 from quire.cluster.routing import (
     Candidate,
     RoutingConfig,
@@ -36,10 +36,9 @@ def cand(
         address=f"{executor_id}:1",
         epoch=1,
         model="quire-tiny",
-        num_running=running,
-        num_waiting=waiting,
-        kv_blocks_total=100,
-        kv_blocks_used=used,
+        load=ExecutorLoad(
+            num_running=running, num_waiting=waiting, kv_blocks_total=100, kv_blocks_used=used
+        ),
         draining=draining,
     )
     return Candidate(record, num_cached_blocks=cached, num_pending=pending)

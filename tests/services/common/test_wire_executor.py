@@ -117,3 +117,20 @@ def test_aborted_response_marks_every_unfinished_output() -> None:
     message = aborted_response([0, 2], num_prompt_tokens=2, num_cached_tokens=1)
     assert message.finished and message.num_cached_tokens == 1
     assert [(d.index, d.finish_reason) for d in message.outputs] == [(0, "abort"), (2, "abort")]
+
+
+def test_load_is_one_record_in_redis_and_in_get_status() -> None:
+    from quire.cluster.registry import ExecutorLoad, ExecutorRecord
+    from services.common.wire.executor import load_from_proto, load_to_proto
+
+    load = ExecutorLoad(
+        num_running=3, num_waiting=1, kv_blocks_total=64, kv_blocks_used=40, kv_blocks_cached=9
+    )
+    assert load_from_proto(load_to_proto(load)) == load
+    record = ExecutorRecord("ex", "h:1", 5, "m", load=load, draining=True)
+    assert ExecutorRecord.decode(record.encode()) == record
+    # A record without a load (another version's) decodes with an empty one.
+    bare = ExecutorRecord.decode(
+        b"\x84\xabexecutor_id\xa2ex\xa7address\xa3h:1\xa5epoch\x05\xa5model\xa1m"
+    )
+    assert bare.load == ExecutorLoad() and bare.epoch == 5

@@ -50,7 +50,7 @@ def test_malformed_generate_is_invalid_argument(
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in (info.value.details() or "")
     st = aio.run(status(address))
-    assert (st.num_running, st.num_waiting, st.kv_blocks_used) == (0, 0, 0)
+    assert (st.load.num_running, st.load.num_waiting, st.load.kv_blocks_used) == (0, 0, 0)
 
 
 def test_long_request_id_is_invalid_argument(
@@ -79,4 +79,4 @@ def test_valid_call_after_bad_ones_works(aio: LoopThread, local_executor: Execut
     assert len(result.outputs[0].token_ids) == 4
     assert result.messages[-1].finished
     st = aio.run(status(address))
-    assert (st.num_running, st.num_waiting) == (0, 0)
+    assert (st.load.num_running, st.load.num_waiting) == (0, 0)

@@ -115,8 +115,8 @@ def test_liveness_record_then_expiry_after_sigkill(
     assert record.address == executor.address
     assert record.model == "quire-tiny"
     assert record.epoch > 0
-    assert (record.kv_blocks_total, record.kv_blocks_used) == (NUM_KV_BLOCKS, 0)
-    assert (record.num_running, record.num_waiting, record.draining) == (0, 0, False)
+    assert (record.load.kv_blocks_total, record.load.kv_blocks_used) == (NUM_KV_BLOCKS, 0)
+    assert (record.load.num_running, record.load.num_waiting, record.draining) == (0, 0, False)
     assert abs(record.updated_at - time.time()) < 5
     ttl_ms = redis_client.pttl(executor_key(PREFIX, "exec-kill"))
     assert 0 < ttl_ms <= LIVENESS_TTL_S * 1000
@@ -165,7 +165,7 @@ async def _stream_through_sigterm(
             seen["late"] = (exc.code(), exc.details())
         status = await stub.GetStatus(pb.GetStatusRequest())
         seen["status_draining"] = status.draining
-        seen["running_while_draining"] = status.num_running
+        seen["running_while_draining"] = status.load.num_running
 
         while (message := await call.read()) is not grpc.aio.EOF:
             messages.append(message)

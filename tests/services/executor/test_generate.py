@@ -73,7 +73,7 @@ async def wait_idle(address: str, timeout: float = 10.0) -> pb.ExecutorStatus:
     deadline = time.monotonic() + timeout
     while True:
         st = await status(address)
-        if (st.num_running, st.num_waiting, st.kv_blocks_used) == (0, 0, 0):
+        if (st.load.num_running, st.load.num_waiting, st.load.kv_blocks_used) == (0, 0, 0):
             return st
         assert time.monotonic() < deadline, f"executor not idle: {st}"
         await asyncio.sleep(0.05)
@@ -174,7 +174,7 @@ def test_abort_of_some_outputs_ends_only_those(
     assert found
     assert outputs[0].finish_reason == "abort" and len(outputs[0].token_ids) < 40
     assert outputs[1].finish_reason == "length" and len(outputs[1].token_ids) == 40
-    assert aio.run(wait_idle(target(local_executor))).kv_blocks_used == 0
+    assert aio.run(wait_idle(target(local_executor))).load.kv_blocks_used == 0
 
 
 @pytest.mark.parametrize(
@@ -202,7 +202,7 @@ def test_invalid_request_is_invalid_argument(
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in (info.value.details() or "")
     st = aio.run(status(target(local_executor)))
-    assert (st.num_running, st.num_waiting, st.kv_blocks_used) == (0, 0, 0)
+    assert (st.load.num_running, st.load.num_waiting, st.load.kv_blocks_used) == (0, 0, 0)
 
 
 def test_cancelled_stream_frees_its_blocks(aio: LoopThread, local_executor: ExecutorServer) -> None:
@@ -221,12 +221,12 @@ def test_cancelled_stream_frees_its_blocks(aio: LoopThread, local_executor: Exec
             for _ in range(3):
                 await call.read()
             busy = await status(address)
-            assert busy.num_running == 1 and busy.kv_blocks_used > 0
+            assert busy.load.num_running == 1 and busy.load.kv_blocks_used > 0
             call.cancel()
         return await wait_idle(address)
 
     idle = aio.run(body())
-    assert idle.kv_blocks_total == NUM_KV_BLOCKS
+    assert idle.load.kv_blocks_total == NUM_KV_BLOCKS
 
 
 def test_abort_rpc_ends_stream_with_abort(aio: LoopThread, local_executor: ExecutorServer) -> None:
@@ -302,7 +302,7 @@ def test_status_and_health(aio: LoopThread, local_executor: ExecutorServer) -> N
     assert st.executor_id == "test-executor"
     assert st.model == "quire-tiny"
     assert st.epoch == local_executor.epoch > 0
-    assert st.kv_blocks_total == NUM_KV_BLOCKS
+    assert st.load.kv_blocks_total == NUM_KV_BLOCKS
     assert not st.draining
 
 

@@ -11,9 +11,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from quire.block.allocator import AdmitRequest, AppendRequest, ForkRequest, StepAllocation
+from quire.cluster.registry import ExecutorLoad
 from quire.engine.stats import StepStats
 from services.executor.logs import RequestIds, safe_request_id
-from services.executor.metrics import EngineSnapshot, ExecutorMetrics
+from services.executor.metrics import ExecutorMetrics
 from services.executor.server import ExecutorServer
 from services.executor.settings import ExecutorSettings
 from services.rpc import executor_pb2 as pb
@@ -54,31 +55,24 @@ def step_stats(num_sampled: int, num_preempted: int) -> StepStats:
     )
 
 
-def test_snapshot_totals_and_step_counts_become_counters() -> None:
+def test_load_gauges_and_totals_and_step_counts_become_counters() -> None:
     metrics = ExecutorMetrics("quire-tiny")
-    # The first snapshot sets the baseline of the allocator's totals.
-    metrics.observe_snapshot(EngineSnapshot(prefix_cache_queries=10, prefix_cache_hits=4))
-    metrics.observe_snapshot(
-        EngineSnapshot(
-            num_running=3,
-            num_waiting=2,
-            kv_blocks_total=8,
-            kv_blocks_used=2,
-            prefix_cache_queries=42,
-            prefix_cache_hits=20,
-        )
-    )
+    # The first totals only set the baseline.
+    metrics.observe_prefix_cache(num_queries=10, num_hits=4)
+    metrics.observe_prefix_cache(num_queries=42, num_hits=20)
     # A memory manager that restarted forgets its totals: never a negative increment.
-    metrics.observe_snapshot(EngineSnapshot())
+    metrics.observe_prefix_cache(num_queries=0, num_hits=0)
     metrics.observe_step(step_stats(num_sampled=4, num_preempted=1))
     metrics.observe_step(step_stats(num_sampled=3, num_preempted=0))
+    metrics.observe_load(ExecutorLoad(num_running=3, num_waiting=2, kv_blocks_total=8))
     got = samples(metrics)
-    assert got["quire:num_requests_running"] == 0
+    assert got["quire:num_requests_running"] == 3
+    assert got["quire:num_requests_waiting"] == 2
     assert got["quire:prefix_cache_queries_total"] == 32
     assert got["quire:prefix_cache_hits_total"] == 16
     assert got["quire:num_preemptions_total"] == 1
     assert got["quire:generation_tokens_total"] == 7
-    metrics.observe_snapshot(EngineSnapshot(num_running=3, kv_blocks_total=8, kv_blocks_used=2))
+    metrics.observe_load(ExecutorLoad(num_running=3, kv_blocks_total=8, kv_blocks_used=2))
     assert samples(metrics)["quire:kv_cache_usage_perc"] == 0.25
 
 
@@ -153,7 +147,7 @@ def test_latency_histograms_and_prefix_counters_follow_requests(
     loop.run(generate("first"))
     loop.run(generate("second"))  # the same prompt: its two full blocks are cached
     assert server.loop is not None
-    server.loop.fresh_snapshot().result(10)
+    server.loop.fresh_load().result(10)
     assert server.metrics is not None
     got = samples(server.metrics)
     assert got["quire:prompt_tokens_total"] == 2 * len(PROMPT)

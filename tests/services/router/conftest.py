@@ -23,7 +23,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from quire.block.hashing import hash_full_blocks
-from quire.cluster.registry import ExecutorRecord, executor_key, executors_key, prefix_key
+from quire.cluster.registry import (
+    ExecutorLoad,
+    ExecutorRecord,
+    executor_key,
+    executors_key,
+    prefix_key,
+)
 from services.router.main import create_app
 from services.router.prompts import load_tokenizer
 from services.router.settings import RouterSettings
@@ -112,12 +118,15 @@ class Cluster:
         self, executor_id: str, address: str | None = None, **fields: Any
     ) -> ExecutorRecord:
         """Write (or overwrite) a live record, as an executor's heartbeat does."""
+        load_fields = {
+            k: fields.pop(k) for k in list(fields) if k in ExecutorLoad.__dataclass_fields__
+        }
         record = ExecutorRecord(
             executor_id=executor_id,
             address=address or self.fakes[executor_id].address,
             epoch=fields.pop("epoch", 7),
             model=fields.pop("model", MODEL_NAME),
-            kv_blocks_total=fields.pop("kv_blocks_total", 100),
+            load=ExecutorLoad(**{"kv_blocks_total": 100, **load_fields}),
             **fields,
         ).stamped()
         client = self.redis
