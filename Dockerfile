@@ -55,7 +55,7 @@ WORKDIR /app
 COPY deploy/docker/build-context /tmp/build-context
 # Dependencies first (their layer survives source edits): torch from the variant's index, then
 # the pins of pyproject.toml, then grpcio-tools for the stubs (build only).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + [d for d in p['optional-dependencies']['dev'] \
 if d.startswith('grpcio-tools==')]))" > /tmp/requirements.txt
@@ -72,6 +72,9 @@ COPY libs libs
 COPY kernels kernels
 COPY protos protos
 COPY services services
+# README.md is the package's long description: copied after the dependencies, so editing it
+# rebuilds only the layers below.
+COPY README.md ./
 # Editable, like the dev install: quire.rpc is generated inside libs/quire, next to the code.
 RUN pip install --no-deps -e . \
     && mkdir -p libs/quire/rpc \
