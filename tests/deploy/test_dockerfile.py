@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,8 @@ def test_make_targets_for_the_compose_stack_exist_and_stay_out_of_make_test() ->
     usage = script.read_text()
     for command in ("engine)", "images)", "up)", "down)"):
         assert command in usage
+    for path in (script, REPO / "deploy" / "docker" / "base-image.sh"):
+        done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, (path.name, done.stderr)
+    wrong = subprocess.run([str(script), "sideways"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "usage:" in wrong.stderr
