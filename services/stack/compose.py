@@ -30,6 +30,8 @@ REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "compose.yaml"
 FRAGMENTS_DIR = REPO / "deploy" / "compose"
 
+# The project name (container, network and volume prefix) that the make targets pass as
+# COMPOSE_PROJECT_NAME; not written as a top-level `name:`, which Compose 1.x rejects.
 PROJECT_NAME = "quire"
 REDIS_IMAGE = "redis:7.4-alpine"
 IMAGE_VARIANT = "cpu"  # Dockerfile VARIANT; deploy/compose.gpu.yaml switches executors to cuda
@@ -41,7 +43,7 @@ FRAGMENT_KEYS = ("services", "volumes", "networks", "configs", "secrets")
 HEADER = (
     "# Generated from services/stack/spec.py by `make compose`: do not edit by hand.\n"
     "# The same process list as `make up`. Add other services in deploy/compose/*.yaml.\n"
-    "# docker compose up --build   # router on http://127.0.0.1:8000\n"
+    "# docker compose -p quire up --build   # router on http://127.0.0.1:8000\n"
 )
 
 
@@ -89,9 +91,8 @@ def compose_service(spec: ProcessSpec, c: StackConfig) -> dict[str, Any]:
         ]
     port = published_ports(c).get(spec.name)
     if port is not None:
-        service["ports"] = [
-            {"target": port, "published": str(port), "host_ip": PUBLISH_HOST_IP, "protocol": "tcp"}
-        ]
+        # The short form: Compose 1.x has no `host_ip` in the long one.
+        service["ports"] = [f"{PUBLISH_HOST_IP}:{port}:{port}/tcp"]
     if spec.depends_on:
         service["depends_on"] = {name: {"condition": "service_healthy"} for name in spec.depends_on}
     if spec.health is not None:
@@ -101,8 +102,8 @@ def compose_service(spec: ProcessSpec, c: StackConfig) -> dict[str, Any]:
             "interval": "5s",
             "timeout": "3s",
             "retries": 3,
+            # No `start_interval`: Compose 1.x rejects it and Engines before 25 ignore it.
             "start_period": "600s" if slow_start else "60s",
-            "start_interval": "1s",
         }
     if spec.name.startswith("executor-"):
         service["stop_grace_period"] = EXECUTOR_STOP_GRACE
@@ -128,7 +129,6 @@ def compose_document(
     """The whole compose file as a mapping: the stack's services, then the fragments'."""
     specs = stack_processes(c)
     doc: dict[str, Any] = {
-        "name": PROJECT_NAME,
         "services": {spec.name: compose_service(spec, c) for spec in specs},
         "volumes": {MODELS_VOLUME: {}},
     }

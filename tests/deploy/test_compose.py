@@ -138,12 +138,8 @@ def test_only_the_router_and_grafana_publish_ports_on_the_loopback(doc: dict[str
     """Clients reach the router only; Grafana is an operator UI on 127.0.0.1. Nothing else."""
     published = {name: s["ports"] for name, s in doc["services"].items() if "ports" in s}
     assert published == {
-        "router": [
-            {"target": 8000, "published": "8000", "host_ip": "127.0.0.1", "protocol": "tcp"}
-        ],
-        "grafana": [
-            {"target": 3000, "published": "3000", "host_ip": "127.0.0.1", "protocol": "tcp"}
-        ],
+        "router": ["127.0.0.1:8000:8000/tcp"],
+        "grafana": ["127.0.0.1:3000:3000/tcp"],
     }
     assert not any("expose" in s for s in doc["services"].values())
 
@@ -254,3 +250,30 @@ def test_grafana_is_provisioned_with_the_dashboard_and_prometheus(doc: dict[str,
     assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
     # The admin password comes from the environment; `admin` is a local-only default.
     assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:-admin}"
+
+
+def test_compose_1_x_can_read_it(doc: dict[str, Any]) -> None:
+    """Debian's docker-compose 1.29 (`make compose-up`) rejects a top-level `name`, healthcheck
+    `start_interval` and long-form ports with `host_ip`; the file uses none of them."""
+    assert "name" not in doc
+    for name, service in doc["services"].items():
+        assert "start_interval" not in service.get("healthcheck", {}), name
+        assert all(isinstance(port, str) for port in service.get("ports", [])), name
+    assert compose.PROJECT_NAME == "quire"
+
+
+def test_debian_override_replaces_only_the_images_that_cannot_be_pulled(
+    doc: dict[str, Any],
+) -> None:
+    override = yaml.safe_load((REPO / "deploy" / "compose.debian.yaml").read_text())
+    jsonschema.Draft7Validator(SCHEMA).validate(override)
+    assert override["services"] == {
+        "redis": {"image": "quire-redis:bookworm"},
+        "prometheus": {"image": "quire-prometheus:bookworm"},
+    }
+    dockerfile = (REPO / "deploy" / "docker" / "Dockerfile.debian").read_text()
+    for name in override["services"]:
+        assert f"AS {name}\n" in dockerfile
+        # The compose health check's binary is in the Debian image too.
+        binary = doc["services"][name]["healthcheck"]["test"][1]
+        assert binary in dockerfile, (name, binary)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,60 @@ def test_dockerignore_sends_only_what_the_build_copies() -> None:
         if keyword == "COPY" and "--from" not in rest:
             copied.update(rest.split()[:-1])
     assert copied == allowed
+
+
+def test_builds_without_a_registry_from_build_arguments() -> None:
+    """Base image and torch source are build arguments; nothing is pulled implicitly."""
+    text = (REPO / "Dockerfile").read_text()
+    assert not text.startswith("# syntax="), "a syntax line makes BuildKit pull its frontend"
+    keywords = instructions()
+    assert ("ARG", "PYTHON_IMAGE=python:3.11-slim-bookworm") in keywords
+    assert ("ARG", "TORCH_SOURCE=index") in keywords
+    build = stages()["build"]
+    assert ("ARG", "PIP_CERT") in build  # unset unless given
+    assert ("COPY", "deploy/docker/build-context /tmp/build-context") in build
+    runs = " ".join(rest for k, rest in build if k == "RUN")
+    assert 'index) pip install --index-url "$TORCH_INDEX_URL" "$torch_pin"' in runs
+    assert "--no-index --no-deps --find-links /tmp/build-context/wheels" in runs
+    assert "TORCH_SOURCE must be index or wheels" in runs  # a typo is an error, not a default
+    # The runtime stages never copy the build context (the CA bundle, the wheel).
+    for name in ("runtime", "router", "executor", "memory-manager"):
+        assert not any("build-context" in rest for _, rest in stages()[name]), name
+
+
+def test_images_carry_portable_cpu_kernels() -> None:
+    build = stages()["build"]
+    assert ("ARG", "CPU_KERNELS_MARCH=x86-64-v3") in build
+    runs = [rest for k, rest in build if k == "RUN"]
+    assert any("g++" in r and "apt-get install" in r for r in runs)
+    from quire.kernels import cpp_build
+
+    (kernel_step,) = [r for r in runs if "quire.kernels.cpp_build" in r]
+    assert f'{cpp_build.MARCH_ENV_VAR}="$CPU_KERNELS_MARCH"' in kernel_step
+    assert "x86-64-v3" in cpp_build._X86_LEVELS  # a level the loader knows how to check
+
+
+def test_debian_service_images_are_non_root_with_healthchecks() -> None:
+    text = (REPO / "deploy" / "docker" / "Dockerfile.debian").read_text()
+    for target, user in (("redis", "redis"), ("prometheus", "prometheus")):
+        stage = text.split(f"AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
+        assert f"USER {user}" in stage and "HEALTHCHECK" in stage, target
+        assert "apt-get install" in stage, target
+
+
+def test_make_targets_for_the_compose_stack_exist_and_stay_out_of_make_test() -> None:
+    makefile = (REPO / "Makefile").read_text()
+    for target in ("compose-up", "compose-down", "compose-test", "chaos-compose", "images"):
+        assert re.search(rf"^{target}:", makefile, re.M), target
+    (test_rule,) = re.findall(r"^test:.*$", makefile, re.M)
+    assert "compose" not in test_rule and "chaos" not in test_rule
+    script = REPO / "deploy" / "docker" / "compose.sh"
+    assert script.stat().st_mode & 0o111
+    usage = script.read_text()
+    for command in ("engine)", "images)", "up)", "down)"):
+        assert command in usage
+    for path in (script, REPO / "deploy" / "docker" / "base-image.sh"):
+        done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert done.returncode == 0, (path.name, done.stderr)
+    wrong = subprocess.run([str(script), "sideways"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "usage:" in wrong.stderr

@@ -1,0 +1,57 @@
+"""Checks against a running compose stack (`make compose-test` brings it up first).
+
+They need Docker and minutes of image builds, so `make test` does not collect them: this folder
+is collected only with QUIRE_COMPOSE_TEST=1, which `make compose-test` sets.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ROUTER_URL = os.environ.get("QUIRE_COMPOSE_URL", "http://127.0.0.1:8000")
+PROJECT = "quire"
+
+if os.environ.get("QUIRE_COMPOSE_TEST") != "1":
+    collect_ignore_glob = ["test_*.py"]
+
+
+def compose_files() -> list[str]:
+    """The -f arguments `make compose-up` used (it records them in .run/compose/files)."""
+    recorded = REPO / ".run" / "compose" / "files"
+    return recorded.read_text().split() if recorded.exists() else ["-f", "compose.yaml"]
+
+
+def compose(*args: str, timeout: float = 120) -> str:
+    """Run docker-compose on the stack's project; its stdout."""
+    command = ["docker-compose", "-p", PROJECT, *compose_files(), *args]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def container_id(service: str) -> str:
+    """The container of one compose service ('' when it has none)."""
+    return compose("ps", "-q", service).strip()
+
+
+def docker(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def router_url() -> str:
+    try:
+        httpx.get(f"{ROUTER_URL}/health", timeout=5).raise_for_status()
+    except httpx.HTTPError as exc:
+        pytest.fail(
+            f"the compose stack's router is not healthy at {ROUTER_URL} ({exc!r}): "
+            "run `make compose-up` (or `make compose-test`, which does)"
+        )
+    return ROUTER_URL
