@@ -337,12 +337,14 @@ def quire_flops(engine: LLMEngine, run: QuireRun) -> float:
     """Useful FLOPs of a run: decoder linears, the lm_head rows, attention scores and values."""
     model, c = engine.model, engine.model.config
     layer_params = sum(
-        w.numel() for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        w.num_params
+        for layer in model.layers
+        for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
     )
     attention = 4 * c.num_layers * c.num_heads * c.head_dim * run.attention_context_sum
     return (
         2 * layer_params * run.num_tokens_computed
-        + 2 * model.lm_head.numel() * run.num_logit_rows
+        + 2 * model.lm_head.num_params * run.num_logit_rows
         + attention
     )
 

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from quire.model.attention import AttentionMetadata, PagedAttention
 from quire.model.config import ModelConfig
+from quire.model.linear import Linear, use_onednn
 from quire.model.rope import RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # key, value: [num_blocks, block_size, kv_heads, D]
@@ -26,15 +27,11 @@ class LayerWeights:
     """One decoder layer, with q/k/v and gate/up fused into single matmuls."""
 
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * D, hidden]
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
-    o_bias: torch.Tensor | None
+    qkv: Linear  # [(heads + 2 * kv_heads) * D, hidden]
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    gate_up_bias: torch.Tensor | None
-    down: torch.Tensor
-    down_bias: torch.Tensor | None
+    gate_up: Linear  # [2 * intermediate, hidden]
+    down: Linear
 
 
 class LlamaModel:
@@ -47,14 +44,16 @@ class LlamaModel:
         self.device = device
         take = _Taker(state)
         self.embed = take("model.embed_tokens.weight")
+        self.onednn = use_onednn(self.embed.dtype, device)
         self.layers = [self._layer(take, i) for i in range(config.num_layers)]
         self.norm = take("model.norm.weight")
         if config.tie_word_embeddings:
             take.discard("lm_head.weight")
-            self.lm_head = self.embed
+            lm_head = self.embed
         else:
-            self.lm_head = take("lm_head.weight")
+            lm_head = take("lm_head.weight")
         take.finish()
+        self.lm_head = Linear(lm_head, None, self.onednn)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_model_len, device)
         self.attn = PagedAttention(
             config.num_heads, config.num_kv_heads, config.head_dim, config.scale
@@ -77,19 +76,19 @@ class LlamaModel:
             if c.mlp_bias
             else None
         )
+        qkv = torch.cat(
+            [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
+        )
+        gate_up = torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")])
+        o_bias = take(a + "o_proj.bias") if c.o_bias else None
+        down_bias = take(m + "down_proj.bias") if c.mlp_bias else None
         return LayerWeights(
             input_norm=take(p + "input_layernorm.weight"),
-            qkv=torch.cat(
-                [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")]
-            ),
-            qkv_bias=qkv_bias,
-            o=take(a + "o_proj.weight"),
-            o_bias=take(a + "o_proj.bias") if c.o_bias else None,
+            qkv=Linear(qkv, qkv_bias, self.onednn),
+            o=Linear(take(a + "o_proj.weight"), o_bias, self.onednn),
             post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=torch.cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]),
-            gate_up_bias=gate_up_bias,
-            down=take(m + "down_proj.weight"),
-            down_bias=take(m + "down_proj.bias") if c.mlp_bias else None,
+            gate_up=Linear(gate_up, gate_up_bias, self.onednn),
+            down=Linear(take(m + "down_proj.weight"), down_bias, self.onednn),
         )
 
     @torch.inference_mode()
@@ -106,23 +105,23 @@ class LlamaModel:
         h = F.embedding(input_ids, self.embed)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = rms_norm(h, layer.input_norm, eps)
-            qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+            qkv = layer.qkv(x)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim).contiguous()
             q, k = self.rotary(positions, q, k)
             attn = self.attn(q.contiguous(), k.contiguous(), v, kv_cache, meta)
-            h = h + F.linear(attn.reshape(-1, self.q_size), layer.o, layer.o_bias)
+            h = h + layer.o(attn.reshape(-1, self.q_size))
             x = rms_norm(h, layer.post_norm, eps)
-            gate, up = F.linear(x, layer.gate_up, layer.gate_up_bias).chunk(2, dim=-1)
-            h = h + F.linear(F.silu(gate) * up, layer.down, layer.down_bias)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h = h + layer.down(F.silu(gate) * up)
         return rms_norm(h, self.norm, eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits `[n, vocab]` for the selected hidden rows `[n, hidden]`."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()
 
 
 class _Taker:
