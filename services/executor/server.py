@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from dataclasses import fields
 from typing import Any
 
 import grpc
@@ -131,18 +132,8 @@ class ExecutorServer:
 
     def _build_engine(self, identity: ExecutorIdentity) -> LLMEngine:
         s = self.settings
-        config = EngineConfig(
-            model=s.model,
-            block_size=s.block_size,
-            num_kv_blocks=s.num_kv_blocks,
-            enable_prefix_caching=s.enable_prefix_caching,
-            max_num_seqs=s.max_num_seqs,
-            max_num_batched_tokens=s.max_num_batched_tokens,
-            max_model_len=s.max_model_len,
-            dtype=s.dtype,
-            device=s.device,
-            seed=s.seed,
-        )
+        # ExecutorSettings carries every EngineConfig field under the same name.
+        config = EngineConfig(**{f.name: getattr(s, f.name) for f in fields(EngineConfig)})
         holder: list[LLMEngine] = []
         factory = alloc.allocator_factory(
             s,

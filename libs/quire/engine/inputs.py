@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from quire.block.allocator import BlockAllocator
 from quire.sampling_params import SamplingParams
 
 Prompt = str | dict[str, Any]
@@ -27,6 +28,22 @@ def tokenize_prompt(
             raise ValueError(f"prompt_token_ids must be integers in [0, {vocab_size})")
         return prompt.get("prompt"), list(ids)
     raise ValueError('prompt must be a string or {"prompt_token_ids": [...]}')
+
+
+def check_prompt_fits(
+    num_prompt_tokens: int, max_model_len: int, block_size: int, allocator: BlockAllocator
+) -> None:
+    """ValueError unless the prompt leaves room to generate and fits the KV pool at all."""
+    if num_prompt_tokens >= max_model_len:
+        raise ValueError(
+            f"prompt has {num_prompt_tokens} tokens; the model's context is {max_model_len} "
+            "tokens and at least one must be left to generate"
+        )
+    blocks = -(-(num_prompt_tokens + 1) // block_size)
+    if blocks > allocator.num_blocks:
+        raise ValueError(
+            f"prompt needs {blocks} KV blocks but the cache holds {allocator.num_blocks}"
+        )
 
 
 def seeded_generators(params: SamplingParams, default_seed: int) -> list[torch.Generator | None]:

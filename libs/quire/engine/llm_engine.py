@@ -19,10 +19,10 @@ from quire.block.allocator import BlockAllocator
 from quire.block.manager import BlockManager
 from quire.block.restore import LiveSequenceState
 from quire.config import EngineConfig
-from quire.engine.inputs import Prompt, seeded_generators, tokenize_prompt
+from quire.engine.inputs import Prompt, check_prompt_fits, seeded_generators, tokenize_prompt
 from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
-from quire.engine.scheduler import Scheduler, SchedulerConfig
+from quire.engine.scheduler import Scheduler, SchedulerConfig, live_sequences
 from quire.engine.sequence import Request, Sequence
 from quire.engine.stats import EngineStats, StepStats, step_stats
 from quire.engine.update import StopRules, finished_delta, request_delta, update_from_output
@@ -100,16 +100,7 @@ class LLMEngine:
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, ids = self.tokenize(prompt)
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt has {len(ids)} tokens; the model's context is {self.max_model_len} "
-                "tokens and at least one must be left to generate"
-            )
-        blocks = -(-(len(ids) + 1) // self.config.block_size)
-        if blocks > self.allocator.num_blocks:
-            raise ValueError(
-                f"prompt needs {blocks} KV blocks but the cache holds {self.allocator.num_blocks}"
-            )
+        check_prompt_fits(len(ids), self.max_model_len, self.config.block_size, self.allocator)
         arrival = next(self._arrivals)
         request = Request(request_id, text, ids, params, arrival)
         if not params.is_greedy:
@@ -156,24 +147,8 @@ class LLMEngine:
         return bool(self.requests)
 
     def live_sequences(self) -> list[LiveSequenceState]:
-        """Every running sequence as the allocator last granted it.
-
-        What an executor re-registers with after its memory manager lost state. A forked
-        child whose fork the allocator has not processed yet has no block table and is left
-        out (the pending fork creates it).
-        """
-        extra_key = self.scheduler.config.extra_key
-        return [
-            LiveSequenceState(
-                seq_id=seq.seq_id,
-                token_ids=tuple(seq.token_ids[: seq.num_allocated_tokens]),
-                block_table=tuple(seq.block_table),
-                num_computed_tokens=seq.num_computed_tokens,
-                extra_key=extra_key,
-            )
-            for seq in self.scheduler.running
-            if seq.block_table
-        ]
+        """Every running sequence as the allocator last granted it (for re-registration)."""
+        return live_sequences(self.scheduler)
 
     # --- one step ----------------------------------------------------------------------------
 

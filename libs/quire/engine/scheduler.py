@@ -19,6 +19,7 @@ from quire.block.allocator import (
     ForkRequest,
     StepAllocation,
 )
+from quire.block.restore import LiveSequenceState
 from quire.engine.sequence import SeqStatus, Sequence
 
 
@@ -228,3 +229,24 @@ class Scheduler:
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1
         self.waiting.insert(position, seq)
+
+
+def live_sequences(scheduler: Scheduler) -> list[LiveSequenceState]:
+    """Every running sequence as the allocator last granted it.
+
+    What an executor re-registers with after its memory manager lost state. A forked child
+    whose fork the allocator has not processed yet has no block table and is left out (the
+    pending fork creates it).
+    """
+    extra_key = scheduler.config.extra_key
+    return [
+        LiveSequenceState(
+            seq_id=seq.seq_id,
+            token_ids=tuple(seq.token_ids[: seq.num_allocated_tokens]),
+            block_table=tuple(seq.block_table),
+            num_computed_tokens=seq.num_computed_tokens,
+            extra_key=extra_key,
+        )
+        for seq in scheduler.running
+        if seq.block_table
+    ]

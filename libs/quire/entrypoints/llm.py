@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from dataclasses import fields
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -19,33 +21,15 @@ from quire.sampling_params import SamplingParams
 class LLM:
     """A paged engine in this process. Arguments are EngineConfig's fields."""
 
-    def __init__(
-        self,
-        model: str,
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        enable_prefix_caching: bool = True,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 2048,
-        max_model_len: int | None = None,
-        dtype: str = "auto",
-        device: str = "auto",
-        seed: int = 0,
-    ) -> None:
-        self.engine = LLMEngine(
-            EngineConfig(
-                model=model,
-                block_size=block_size,
-                num_kv_blocks=num_kv_blocks,
-                enable_prefix_caching=enable_prefix_caching,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len,
-                dtype=dtype,
-                device=device,
-                seed=seed,
+    def __init__(self, model: str, **engine_args: Any) -> None:
+        """`engine_args` are `EngineConfig`'s fields (block_size, num_kv_blocks, dtype, ...)."""
+        unknown = sorted(set(engine_args) - {f.name for f in fields(EngineConfig)})
+        if unknown:
+            raise ValueError(
+                f"unknown engine argument(s) {', '.join(unknown)}; EngineConfig takes "
+                + ", ".join(f.name for f in fields(EngineConfig) if f.name != "model")
             )
-        )
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
         self.processor = OutputProcessor(self.engine.tokenizer)
         self._ids = itertools.count()
 

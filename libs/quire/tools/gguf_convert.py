@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from quire.tools.checkpoint_dir import written_whole
+from quire.tools.checkpoint_dir import write_json, written_whole
 
 logger = logging.getLogger(__name__)
 
@@ -226,10 +226,6 @@ def _expected_names(config: dict[str, Any]) -> set[str]:
     return names
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -251,7 +247,7 @@ def _write_tokenizer(out: Path, gguf_path: Path, reader: Any, config: dict[str, 
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
     for key in ("is_local", "local_files_only", "name_or_path"):
         tokenizer_config.pop(key, None)
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
+    write_json(out / "tokenizer_config.json", tokenizer_config)
 
 
 def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path:
@@ -282,13 +278,13 @@ def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path
     logger.info("weights: %s params in float32", f"{num_params:,}")
 
     with written_whole(out) as tmp:
-        _write_json(tmp / "config.json", config)
+        write_json(tmp / "config.json", config)
         generation_config = {
             "bos_token_id": config["bos_token_id"],
             "eos_token_id": end_of_generation_ids(reader),
             "pad_token_id": config["pad_token_id"],
         }
-        _write_json(tmp / "generation_config.json", generation_config)
+        write_json(tmp / "generation_config.json", generation_config)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del weights
         logger.info("tokenizer: converting tokenizer.ggml.* with transformers")
@@ -300,7 +296,7 @@ def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path
             "license": _field(reader, "general.license"),
             "files": files,
         }
-        _write_json(tmp / MANIFEST, manifest)
+        write_json(tmp / MANIFEST, manifest)
     logger.info("wrote %s in %.1fs", out, time.perf_counter() - started)
     return out
 

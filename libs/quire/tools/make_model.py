@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import hashlib
-import json
 import logging
 import math
 import time
@@ -24,46 +22,22 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from tokenizers import (
-    Regex,
-    Tokenizer,
-    decoders,
-    models,
-    normalizers,
-    pre_tokenizers,
-    processors,
-    trainers,
-)
 
-from quire.tools.checkpoint_dir import written_whole
+from quire.tools.bpe_tokenizer import (  # noqa: F401  (re-exported: the ids tests use)
+    BOS_ID,
+    CORPUS_PATH,
+    EOS_ID,
+    IM_END_ID,
+    IM_START_ID,
+    PAD_ID,
+    VOCAB_SIZE,
+    tokenizer_json,
+    tokenizer_style,
+    write_tokenizer,
+)
+from quire.tools.checkpoint_dir import write_json, written_whole
 
 logger = logging.getLogger(__name__)
-
-CORPUS_PATH = Path(__file__).with_name("corpus.txt")
-VOCAB_SIZE = 4096
-# Order fixes the ids: <pad>=0, <s>=1, </s>=2, <|im_start|>=3, <|im_end|>=4.
-SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>")
-PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, IM_START_TOKEN, IM_END_TOKEN = SPECIAL_TOKENS
-PAD_ID, BOS_ID, EOS_ID, IM_START_ID, IM_END_ID = range(len(SPECIAL_TOKENS))
-
-# transformers 5 loads model_type "qwen2" with Qwen2Tokenizer, which keeps only the vocab,
-# merges and post-processor of tokenizer.json and rebuilds the rest as NFC + this split +
-# ByteLevel. Qwen2 checkpoints get exactly that pipeline, so tokenizer.json and AutoTokenizer
-# agree (at the price of NFC: only NFC text round-trips byte-exactly there).
-QWEN2_SPLIT_REGEX = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-
-# ChatML; the template writes bos itself because apply_chat_template encodes the rendered
-# text with add_special_tokens=False.
-CHAT_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
 
 
 def _rope(theta: float) -> dict[str, Any]:
@@ -169,48 +143,6 @@ class InitScales:
         for name in ("embed_std", "tied_embed_std", "logit_std", "qk_gain"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"InitScales.{name} must be positive")
-
-
-@functools.cache
-def tokenizer_json(style: str = "gpt2") -> str:
-    """Train the byte-level BPE tokenizer on the bundled corpus and return its tokenizer.json.
-
-    `style` "gpt2" splits words with the GPT-2 regex and round-trips any UTF-8 text; "qwen2"
-    matches what transformers rebuilds for Qwen2 (see QWEN2_SPLIT_REGEX). Deterministic: the
-    BPE trainer breaks count ties by pair ids, which follow byte order.
-    """
-    tokenizer = Tokenizer(models.BPE())
-    if style == "gpt2":
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    elif style == "qwen2":
-        tokenizer.normalizer = normalizers.NFC()
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-            [
-                pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated"),
-                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-            ]
-        )
-    else:
-        raise ValueError(f"unknown tokenizer style {style!r}")
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    lines = CORPUS_PATH.read_text(encoding="utf-8").splitlines(keepends=True)
-    tokenizer.train_from_iterator(lines, trainer=trainer)
-    # Encoding a prompt prepends <s>, with the plain `tokenizers` library as well as with HF.
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"{BOS_TOKEN} $A",
-        pair=f"{BOS_TOKEN} $A {BOS_TOKEN}:1 $B:1",
-        special_tokens=[(BOS_TOKEN, BOS_ID)],
-    )
-    for token_id, token in enumerate(SPECIAL_TOKENS):
-        assert tokenizer.token_to_id(token) == token_id, f"{token} must have id {token_id}"
-    assert tokenizer.get_vocab_size() == VOCAB_SIZE, "corpus too small for the target vocab"
-    return tokenizer.to_str(pretty=True)
 
 
 def build_config(preset: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -325,10 +257,6 @@ def _shard(weights: dict[str, torch.Tensor], shard_size_bytes: int) -> list[list
     return shards
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
 def _write_weights(
     out: Path, weights: dict[str, torch.Tensor], shard_size_bytes: int | None
 ) -> None:
@@ -346,44 +274,7 @@ def _write_weights(
         weight_map |= dict.fromkeys(names, filename)
     total_size = sum(t.numel() * t.element_size() for t in weights.values())
     index_json = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
-    _write_json(out / "model.safetensors.index.json", index_json)
-
-
-def _tokenizer_style(config: dict[str, Any]) -> str:
-    return "qwen2" if config["model_type"] == "qwen2" else "gpt2"
-
-
-def _write_tokenizer(out: Path, config: dict[str, Any]) -> None:
-    (out / "tokenizer.json").write_text(tokenizer_json(_tokenizer_style(config)), encoding="utf-8")
-    extra_special_tokens = [IM_START_TOKEN, IM_END_TOKEN]
-    tokenizer_config = {
-        "tokenizer_class": "TokenizersBackend",
-        "backend": "tokenizers",
-        "bos_token": BOS_TOKEN,
-        "eos_token": EOS_TOKEN,
-        "pad_token": PAD_TOKEN,
-        # Byte-level BPE never needs one; an explicit null also stops Qwen2Tokenizer from
-        # appending its default "<|endoftext|>" unk token past the model's vocab.
-        "unk_token": None,
-        "extra_special_tokens": extra_special_tokens,
-        # Informational: transformers 5 ignores add_*_token when tokenizer.json exists and
-        # takes bos from its post-processor; other loaders read these flags.
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "clean_up_tokenization_spaces": False,
-        "model_max_length": config["max_position_embeddings"],
-        "chat_template": CHAT_TEMPLATE,
-    }
-    _write_json(out / "tokenizer_config.json", tokenizer_config)
-    special_tokens_map = {
-        "bos_token": BOS_TOKEN,
-        "eos_token": EOS_TOKEN,
-        "pad_token": PAD_TOKEN,
-        "additional_special_tokens": extra_special_tokens,
-    }
-    _write_json(out / "special_tokens_map.json", special_tokens_map)
-    # transformers 5 reads chat_template.jinja (it wins over tokenizer_config's copy).
-    (out / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-8")
+    write_json(out / "model.safetensors.index.json", index_json)
 
 
 def make_checkpoint(
@@ -406,7 +297,7 @@ def make_checkpoint(
     if out.exists() and any(out.iterdir()) and not (out / "config.json").exists():
         raise FileExistsError(f"{out} exists and does not look like a checkpoint; not replacing")
 
-    style = _tokenizer_style(config)
+    style = tokenizer_style(config)
     logger.info(
         "tokenizer: byte-level BPE (%s split), %d tokens, from %s",
         style,
@@ -419,15 +310,15 @@ def make_checkpoint(
     logger.info("weights: preset %s, seed %d, %s params (float32)", preset, seed, f"{num_params:,}")
 
     with written_whole(out) as tmp:
-        _write_json(tmp / "config.json", config)
+        write_json(tmp / "config.json", config)
         generation_config = {
             "bos_token_id": BOS_ID,
             # Chat replies end with <|im_end|>, plain completions with </s>.
             "eos_token_id": [EOS_ID, IM_END_ID],
             "pad_token_id": PAD_ID,
         }
-        _write_json(tmp / "generation_config.json", generation_config)
-        _write_tokenizer(tmp, config)
+        write_json(tmp / "generation_config.json", generation_config)
+        write_tokenizer(tmp, config)
         _write_weights(tmp, weights, shard_size_bytes)
     logger.info("wrote %s in %.1fs", out, time.perf_counter() - started)
     return out

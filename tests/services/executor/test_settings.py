@@ -45,3 +45,16 @@ def test_wildcard_host_advertises_the_hostname() -> None:
     s = ExecutorSettings(host="0.0.0.0", served_model_name="tiny")
     assert s.resolved_advertise_address(9) == f"{socket.gethostname()}:9"
     assert s.resolved_model_name() == "tiny"
+
+
+def test_settings_carry_every_engine_config_field_with_its_default() -> None:
+    """The executor builds its EngineConfig from the settings' fields of the same names."""
+    from dataclasses import MISSING, fields
+
+    from quire.config import EngineConfig
+
+    settings_fields = ExecutorSettings.model_fields
+    for field in fields(EngineConfig):
+        assert field.name in settings_fields, f"ExecutorSettings lacks {field.name}"
+        if field.name != "model" and field.default is not MISSING:
+            assert settings_fields[field.name].default == field.default, field.name
