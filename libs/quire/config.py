@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -21,7 +23,8 @@ class EngineConfig:
     max_num_seqs: int = 256  # most sequences running at once
     max_num_batched_tokens: int = 2048  # most tokens per step (longer prompts are chunked)
     max_model_len: int | None = None  # None: the model's max_position_embeddings
-    dtype: str = "auto"  # auto = bfloat16 on CUDA, float32 on CPU
+    # auto = bfloat16 on CUDA and on CPUs with native bf16 (AVX512_BF16 or AMX), else float32
+    dtype: str = "auto"
     device: str = "auto"  # auto = cuda when available, else cpu
     seed: int = 0  # default seed for unseeded random sampling
 
@@ -47,5 +50,24 @@ class EngineConfig:
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
+            native = device.type == "cuda" or cpu_has_native_bf16()
+            return torch.bfloat16 if native else torch.float32
         return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+
+@functools.cache
+def cpu_has_native_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware (AVX512_BF16 or AMX-BF16).
+
+    Elsewhere bfloat16 is emulated and slower than float32, so `dtype="auto"` keeps float32
+    (vLLM's CPU backend recommends the same).
+    """
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return False

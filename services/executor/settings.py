@@ -62,7 +62,11 @@ class ExecutorSettings(BaseSettings):
         default=True, description="share full prompt blocks by hash"
     )
     device: str = Field(default="auto", description="auto, cpu or cuda[:N]")
-    dtype: str = Field(default="auto", description="auto, float32, bfloat16 or float16")
+    dtype: str = Field(
+        default="auto",
+        description="auto (bfloat16 on CUDA and on CPUs with native bf16, else float32), "
+        "float32, bfloat16 or float16",
+    )
     seed: int = Field(default=0, description="default seed for unseeded random sampling")
     torch_threads: int = Field(
         default=0,

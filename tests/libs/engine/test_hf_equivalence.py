@@ -46,7 +46,7 @@ MODELS = ["tiny", "tiny-mqa", "tiny-qwen2"]
 
 @pytest.mark.parametrize("name", MODELS)
 def test_plain(name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]) -> None:
-    llm = LLM(model=str(model_zoo[name]))
+    llm = LLM(model=str(model_zoo[name]), dtype="float32")
     vocab = llm.engine.model.config.vocab_size
     run_and_compare(llm, oracles[name], random_prompts(vocab, seed=7), f"{name}/plain")
 
@@ -55,7 +55,7 @@ def test_plain(name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracl
 def test_preemption(name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]) -> None:
     # 24 blocks of 16 tokens cannot hold all 16 prompts at once: sequences get preempted
     # (recompute) and come back, and must still produce the reference tokens.
-    llm = LLM(model=str(model_zoo[name]), num_kv_blocks=24, max_num_seqs=16)
+    llm = LLM(model=str(model_zoo[name]), dtype="float32", num_kv_blocks=24, max_num_seqs=16)
     vocab = llm.engine.model.config.vocab_size
     run_and_compare(llm, oracles[name], random_prompts(vocab, seed=7), f"{name}/preempt")
     assert llm.stats().num_preemptions > 0, "the pool was meant to force preemption"
@@ -66,7 +66,7 @@ def test_prefix_caching(
     name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]
 ) -> None:
     # max_num_seqs=2 makes later family members arrive after earlier ones computed the prefix.
-    llm = LLM(model=str(model_zoo[name]), max_num_seqs=2)
+    llm = LLM(model=str(model_zoo[name]), dtype="float32", max_num_seqs=2)
     vocab = llm.engine.model.config.vocab_size
     prompts = shared_prefix_prompts(vocab, seed=11)
     run_and_compare(llm, oracles[name], prompts, f"{name}/prefix")
@@ -85,7 +85,7 @@ def test_prefix_caching(
 def test_chunked_prefill(
     name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]
 ) -> None:
-    llm = LLM(model=str(model_zoo[name]), max_num_batched_tokens=24)
+    llm = LLM(model=str(model_zoo[name]), dtype="float32", max_num_batched_tokens=24)
     vocab = llm.engine.model.config.vocab_size
     run_and_compare(llm, oracles[name], random_prompts(vocab, seed=7), f"{name}/chunked")
     assert llm.stats().num_steps > 300 // 24, "long prompts were meant to be chunked"
