@@ -7,16 +7,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
+from services.router.admission.door import AdmissionGate
+from services.router.admission.rate_limits import RateLimiter, enforce_rate_limit
 from services.router.auth import ApiKeyMiddleware, ApiKeys
+from services.router.body_limits import BodyLimitMiddleware
 from services.router.errors import install_error_handlers
-from services.router.gate import AdmissionGate
-from services.router.limits import BodyLimitMiddleware
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
-from services.router.ratelimit import RateLimiter, enforce_rate_limit
 from services.router.routes import chat, completions, dashboard, models, ops
 from services.router.settings import RouterSettings
+from services.router.sse import ClientDisconnected, client_closed
 from services.router.state import RouterState
-from services.router.streaming import ClientDisconnected, client_closed
 
 
 def create_app(settings: RouterSettings | None = None) -> FastAPI:

@@ -7,15 +7,15 @@ from typing import Any
 
 from quire.cluster.routing import RoutingConfig
 from quire.model.config import ModelConfig
-from services.router.admission import Admission
-from services.router.cluster import ExecutorDirectory
+from services.router.admission.slots import Admission
+from services.router.directory import ExecutorDirectory
 from services.router.dispatch import Dispatcher
 from services.router.errors import ApiError
 from services.router.executor_client import ExecutorClients
 from services.router.metrics import RouterMetrics
-from services.router.output import TokenText
 from services.router.prompts import PromptProcessor, load_tokenizer
 from services.router.settings import RouterSettings
+from services.router.token_text import TokenText
 
 
 @dataclass

@@ -10,7 +10,7 @@ from services.router.deps import StateDep
 from services.router.errors import bad_request
 from services.router.generation import Generation
 from services.router.logprobs import chat_logprobs
-from services.router.routes.serve import serve_generation
+from services.router.routes.generate import serve_generation
 from services.router.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -20,13 +20,13 @@ from services.router.schemas import (
     ChatResponseMessage,
     DeltaMessage,
 )
-from services.router.state import RouterState
-from services.router.streaming import (
+from services.router.sse import (
     build_params,
     new_id,
     sse,
     usage_info,
 )
+from services.router.state import RouterState
 
 router = APIRouter(tags=["chat"])
 

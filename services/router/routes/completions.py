@@ -10,15 +10,15 @@ from services.router.deps import StateDep
 from services.router.errors import bad_request
 from services.router.generation import Generation
 from services.router.logprobs import completion_logprobs
-from services.router.routes.serve import serve_generation
+from services.router.routes.generate import serve_generation
 from services.router.schemas import CompletionChoice, CompletionRequest, CompletionResponse
-from services.router.state import RouterState
-from services.router.streaming import (
+from services.router.sse import (
     build_params,
     new_id,
     sse,
     usage_info,
 )
+from services.router.state import RouterState
 
 router = APIRouter(tags=["completions"])
 

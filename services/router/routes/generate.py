@@ -10,8 +10,8 @@ from pydantic import BaseModel
 
 from quire.sampling_params import SamplingParams
 from services.router.generation import Generation, start_generation
+from services.router.sse import event_stream, unless_disconnected
 from services.router.state import RouterState
-from services.router.streaming import event_stream, unless_disconnected
 
 
 async def serve_generation(

@@ -1,21 +1,10 @@
-"""Token text for logprobs and Admission on their own."""
+"""Admission slots and tickets on their own."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from services.router.admission import Admission
-from services.router.output import TokenText
-
-
-def test_token_text_bytes_of_partial_characters(tokenizer: Any) -> None:
-    token_text = TokenText(tokenizer)
-    ids = tokenizer.encode("日本", add_special_tokens=False)
-    raw = b"".join(bytes(token_text.get(i)[1]) for i in ids)
-    assert raw.decode("utf-8") == "日本"
-    assert token_text.get(1) == ("<s>", list(b"<s>"))
+from services.router.admission.slots import Admission
 
 
 def test_admission_bounds() -> None:
