@@ -43,7 +43,9 @@ async def create_chat_completion(
     params = build_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
     response_id = new_id("chatcmpl")
     shape = ChatShape(state.token_text, response_id, state.settings.model_name, body.logprobs)
-    return await serve_generation(request, state, response_id, [prompt], params, body, shape)
+    return await serve_generation(
+        request, state, response_id, [prompt], params, requested, body, shape
+    )
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,9 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     shape = CompletionShape(
         state.token_text, response_id, state.settings.model_name, body.logprobs is not None
     )
-    return await serve_generation(request, state, response_id, prompts, params, body, shape)
+    return await serve_generation(
+        request, state, response_id, prompts, params, body.max_tokens, body, shape
+    )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from quire.sampling_params import SamplingParams
+from services.router.admission.rate_limits import charge_request, requested_tokens
 from services.router.errors import bad_request
 from services.router.generation import ChoiceUpdate, Generation, Usage, start_generation
 from services.router.schemas import PromptTokensDetails, SamplingRequest, UsageInfo
@@ -75,11 +76,18 @@ async def serve_generation(
     response_id: str,
     prompts: list[list[int]],
     params: SamplingParams,
+    max_tokens: int | None,
     body: SamplingRequest,
     shape: ResponseShape,
 ) -> Response:
-    """Route and run `prompts`; SSE chunks when the body asks to stream, else one JSON
-    response, both written by `shape`."""
+    """Charge the rate limits, route and run `prompts`; SSE chunks when the body asks to
+    stream, else one JSON response, both written by `shape`.
+
+    `max_tokens` is what the client asked for (None: the rest of the context), which is
+    what the token rate limit counts.
+    """
+    cost = requested_tokens(prompts, params.n, max_tokens, state.max_model_len)
+    await charge_request(request, state.rate_limiter, cost)
     generation = await unless_disconnected(
         request,
         start_generation(
