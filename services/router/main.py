@@ -8,9 +8,9 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 
 from services.router.admission.door import AdmissionGate
-from services.router.admission.rate_limits import count_request
 from services.router.auth import ApiKeyMiddleware, ApiKeys
 from services.router.body_limits import BodyLimitMiddleware
+from services.router.deps import count_request
 from services.router.errors import install_error_handlers
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
 from services.router.routes import chat, completions, dashboard, models, ops

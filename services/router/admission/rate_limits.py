@@ -11,7 +11,7 @@ the prompts: the same token ids are counted, so nothing is parsed or tokenized t
 request refused as malformed costs nothing. Tokens are charged up front and not reconciled:
 the prompt's tokens plus `max_tokens` (chat without `max_tokens`: the rest of the context)
 times `n`. That is what a request may cost, known before it runs; a reply that stops early is
-not refunded. /v1/models counts as a request with no tokens (`count_request`).
+not refunded. /v1/models counts as a request with no tokens (`deps.count_request`).
 
 Over a limit: 429 in OpenAI's shape, code `rate_limit_exceeded`, `Retry-After` = seconds
 until the window resets. Redis unreachable: the request is allowed (fail open) and a warning
@@ -163,8 +163,3 @@ async def charge_request(request: Request, limiter: RateLimiter, num_tokens: int
         code="rate_limit_exceeded",
         headers={"Retry-After": str(refusal.retry_after_s)},
     )
-
-
-async def count_request(request: Request) -> None:
-    """Route dependency for metered routes that generate nothing: one request, no tokens."""
-    await charge_request(request, request.app.state.router.rate_limiter, 0)
