@@ -17,8 +17,8 @@ import grpc
 import structlog
 
 from quire.cluster.routing import Candidate, RoutingConfig, RoutingDecision, choose_executor
-from services.router.admission import ALL_EXECUTORS_FULL, Admission, current_ticket
-from services.router.cluster import ClusterView, ExecutorDirectory
+from services.router.admission.slots import ALL_EXECUTORS_FULL, Admission, current_ticket
+from services.router.directory import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
 from services.router.log import current_request_id

@@ -1,8 +1,9 @@
 """One HTTP request's generation: an executor stream per prompt, merged into choices.
 
 Choice `i * n + j` is output `j` of prompt `i` (OpenAI's numbering for a list of prompts).
-The routes turn the updates into completion or chat chunks; this module knows nothing of
-either shape.
+`Generation.choice_updates()` is the one streaming loop chat and completions share: it says,
+per executor response, what each choice has new to send. The routes only put that into their
+own chunk shapes; this module knows nothing of either.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import structlog
 
 from quire.block.hashing import hash_full_blocks
 from quire.engine.output_processor import SequenceText
+from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
 from services.common.wire.executor import delta_from_proto, params_to_proto
 from services.router.dispatch import Dispatcher, ExecutorStream
@@ -33,6 +35,34 @@ class PromptRun:
     outputs: list[SequenceText]
     num_prompt_tokens: int
     num_cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class ChoiceUpdate:
+    """What one choice has to send: new text and tokens while streaming, or all of it."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[dict[int, Logprob]]  # one dict per token; [] when none were asked for
+    text_offsets: list[int]  # where each token's text starts in the choice's text
+    num_logprobs: int  # top alternatives asked for per token
+    finish_reason: str | None  # set once, on the update that finishes the choice
+    stop_reason: int | str | None
+
+    @classmethod
+    def whole(cls, index: int, output: SequenceText) -> ChoiceUpdate:
+        """The whole choice, for a response that is not streamed."""
+        return cls(
+            index=index,
+            text=output.text,
+            token_ids=output.token_ids,
+            logprobs=output.logprobs or [],
+            text_offsets=output.text_offsets,
+            num_logprobs=output.num_logprobs,
+            finish_reason=output.finish_reason,
+            stop_reason=output.stop_reason,
+        )
 
 
 @dataclass(frozen=True)
@@ -56,6 +86,7 @@ class Generation:
         self.n = n
         self.log_outputs = log_outputs  # log every choice's text once the request ends
         self.choices: list[SequenceText] = [o for run in runs for o in run.outputs]
+        self._finish_sent: set[int] = set()
 
     @property
     def executor_ids(self) -> str:
@@ -135,6 +166,40 @@ class Generation:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             self.close()
+
+    async def choice_updates(self) -> AsyncIterator[list[ChoiceUpdate]]:
+        """Per executor response, the choices with something to send: text past the
+        stop-string hold-back, new logprobs, or their finish (sent once)."""
+        async for touched in self.updates():
+            updates = []
+            for index in touched:
+                output = self.choices[index]
+                text = output.take_text()
+                token_ids, logprobs, offsets = output.take_tokens()
+                finish = None
+                if output.is_finished and index not in self._finish_sent:
+                    finish = output.finish_reason
+                    self._finish_sent.add(index)
+                if not text and finish is None and not logprobs:
+                    continue
+                updates.append(
+                    ChoiceUpdate(
+                        index=index,
+                        text=text,
+                        token_ids=token_ids,
+                        logprobs=logprobs,
+                        text_offsets=offsets,
+                        num_logprobs=output.num_logprobs,
+                        finish_reason=finish,
+                        stop_reason=output.stop_reason if finish else None,
+                    )
+                )
+            if updates:
+                yield updates
+
+    def whole_choices(self) -> list[ChoiceUpdate]:
+        """Every choice in full (once `run_to_end` has returned)."""
+        return [ChoiceUpdate.whole(i, output) for i, output in enumerate(self.choices)]
 
     def _log_outputs(self) -> None:
         if self.log_outputs:

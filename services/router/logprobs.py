@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from quire.engine.output_processor import top_alternatives
 from quire.outputs import Logprob
-from services.router.output import TokenText
 from services.router.schemas import (
     ChatLogprobs,
     ChatTokenLogprob,
     CompletionLogprobs,
     TopLogprob,
 )
+from services.router.token_text import TokenText
 
 
 def completion_logprobs(

@@ -7,16 +7,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI
 
+from services.router.admission.door import AdmissionGate
 from services.router.auth import ApiKeyMiddleware, ApiKeys
+from services.router.body_limits import BodyLimitMiddleware
+from services.router.deps import count_request
 from services.router.errors import install_error_handlers
-from services.router.gate import AdmissionGate
-from services.router.limits import BodyLimitMiddleware
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
-from services.router.ratelimit import RateLimiter, enforce_rate_limit
 from services.router.routes import chat, completions, dashboard, models, ops
 from services.router.settings import RouterSettings
+from services.router.sse import ClientDisconnected, client_closed
 from services.router.state import RouterState
-from services.router.streaming import ClientDisconnected, client_closed
 
 
 def create_app(settings: RouterSettings | None = None) -> FastAPI:
@@ -25,17 +25,14 @@ def create_app(settings: RouterSettings | None = None) -> FastAPI:
     metrics = RouterMetrics()
     state = RouterState.build(settings, metrics)
     api_keys = ApiKeys(settings.api_keys, settings.api_keys_file)
-    rate_limiter = RateLimiter.from_settings(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await state.close()
-        await rate_limiter.close()
 
     app = FastAPI(title="Quire router", version="0.1.0", lifespan=lifespan)
     app.state.router = state
-    app.state.rate_limiter = rate_limiter
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     # Overload is refused before the body is read or parsed (after auth: 401 comes first).
     app.add_middleware(
@@ -50,8 +47,8 @@ def create_app(settings: RouterSettings | None = None) -> FastAPI:
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, client_closed)
-    for module in (completions, chat, models):
-        app.include_router(module.router, dependencies=[Depends(enforce_rate_limit)])
-    for module in (ops, dashboard):
+    # Generation routes charge their rate limits themselves, once the prompt is tokenized.
+    for module in (completions, chat, ops, dashboard):
         app.include_router(module.router)
+    app.include_router(models.router, dependencies=[Depends(count_request)])
     return app

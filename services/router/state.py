@@ -1,4 +1,5 @@
-"""Everything one router process holds: tokenizer, executor directory, admission, clients."""
+"""Everything one router process holds: tokenizer, executor directory, admission, rate
+limits, clients."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ from typing import Any
 
 from quire.cluster.routing import RoutingConfig
 from quire.model.config import ModelConfig
-from services.router.admission import Admission
-from services.router.cluster import ExecutorDirectory
+from services.router.admission.rate_limits import RateLimiter
+from services.router.admission.slots import Admission
+from services.router.directory import ExecutorDirectory
 from services.router.dispatch import Dispatcher
 from services.router.errors import ApiError
 from services.router.executor_client import ExecutorClients
 from services.router.metrics import RouterMetrics
-from services.router.output import TokenText
 from services.router.prompts import PromptProcessor, load_tokenizer
 from services.router.settings import RouterSettings
+from services.router.token_text import TokenText
 
 
 @dataclass
@@ -28,6 +30,7 @@ class RouterState:
     token_text: TokenText
     directory: ExecutorDirectory
     admission: Admission
+    rate_limiter: RateLimiter
     clients: ExecutorClients
     dispatcher: Dispatcher
     metrics: RouterMetrics
@@ -76,6 +79,7 @@ class RouterState:
             token_text=TokenText(tokenizer),
             directory=directory,
             admission=admission,
+            rate_limiter=RateLimiter.from_settings(settings),
             clients=clients,
             dispatcher=dispatcher,
             metrics=metrics,
@@ -95,3 +99,4 @@ class RouterState:
     async def close(self) -> None:
         await self.clients.close()
         await self.directory.close()
+        await self.rate_limiter.close()

@@ -2,31 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 
 from services.router.deps import StateDep
 from services.router.errors import bad_request
-from services.router.generation import Generation
+from services.router.generation import ChoiceUpdate
 from services.router.logprobs import chat_logprobs
-from services.router.routes.serve import serve_generation
+from services.router.routes.generate import build_params, new_id, serve_generation
 from services.router.schemas import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatLogprobs,
     ChatResponseMessage,
     DeltaMessage,
+    UsageInfo,
 )
-from services.router.state import RouterState
-from services.router.streaming import (
-    build_params,
-    new_id,
-    sse,
-    usage_info,
-)
+from services.router.token_text import TokenText
 
 router = APIRouter(tags=["chat"])
 
@@ -45,85 +42,79 @@ async def create_chat_completion(
     max_tokens = state.prompts.check_context(prompt, requested, param)
     params = build_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
     response_id = new_id("chatcmpl")
+    shape = ChatShape(state.token_text, response_id, state.settings.model_name, body.logprobs)
     return await serve_generation(
-        request,
-        state,
-        response_id,
-        [prompt],
-        params,
-        body.stream,
-        lambda generation: _chunks(state, generation, body, response_id),
-        lambda generation: _response(state, generation, body, response_id),
+        request, state, response_id, [prompt], params, requested, body, shape
     )
 
 
-def _response(
-    state: RouterState, generation: Generation, body: ChatCompletionRequest, response_id: str
-) -> ChatCompletionResponse:
-    choices = [
-        ChatChoice(
-            index=index,
-            message=ChatResponseMessage(content=output.text),
-            logprobs=(
-                chat_logprobs(
-                    state.token_text, output.token_ids, output.logprobs or [], output.num_logprobs
-                )
-                if body.logprobs
-                else None
-            ),
-            finish_reason=output.finish_reason,
-            stop_reason=output.stop_reason,
-        )
-        for index, output in enumerate(generation.choices)
-    ]
-    usage = generation.usage()
-    state.metrics.generation_tokens.inc(usage.completion_tokens)
-    return ChatCompletionResponse(
-        id=response_id, model=state.settings.model_name, choices=choices, usage=usage_info(usage)
-    )
+@dataclass(frozen=True)
+class ChatShape:
+    """Chat's objects: `chat.completion`, or `chat.completion.chunk`s of one choice each."""
 
+    token_text: TokenText
+    response_id: str
+    model: str
+    with_logprobs: bool
 
-async def _chunks(
-    state: RouterState, generation: Generation, body: ChatCompletionRequest, response_id: str
-) -> AsyncIterator[str]:
-    model = state.settings.model_name
-
-    def chunk(choice: ChatChunkChoice) -> str:
-        message = ChatCompletionChunk(id=response_id, model=model, choices=[choice])
-        if body.include_usage:
-            return sse(message)
-        return f"data: {message.model_dump_json(exclude={'usage'})}\n\n"
-
-    for index in range(len(generation.choices)):
-        yield chunk(ChatChunkChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
-    finish_sent: set[int] = set()
-    async for touched in generation.updates():
-        for index in touched:
-            output = generation.choices[index]
-            text = output.take_text()
-            token_ids, logprobs, _ = output.take_tokens()
-            finish = None
-            if output.is_finished and index not in finish_sent:
-                finish = output.finish_reason
-                finish_sent.add(index)
-            if not text and finish is None and not (body.logprobs and logprobs):
-                continue
-            yield chunk(
-                ChatChunkChoice(
-                    index=index,
-                    delta=DeltaMessage(content=text) if text else DeltaMessage(),
-                    logprobs=(
-                        chat_logprobs(state.token_text, token_ids, logprobs, output.num_logprobs)
-                        if body.logprobs
-                        else None
-                    ),
-                    finish_reason=finish,
-                    stop_reason=output.stop_reason if finish else None,
-                )
+    def opening(self, num_choices: int) -> list[BaseModel]:
+        """Every choice's first chunk names the assistant role, before any content."""
+        return [
+            self._chunk(
+                [ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))]
             )
-    usage = generation.usage()
-    state.metrics.generation_tokens.inc(usage.completion_tokens)
-    if body.include_usage:
-        yield sse(
-            ChatCompletionChunk(id=response_id, model=model, choices=[], usage=usage_info(usage))
+            for i in range(num_choices)
+        ]
+
+    def chunks(self, updates: list[ChoiceUpdate]) -> list[BaseModel]:
+        """One chunk per choice that advanced."""
+        return [
+            self._chunk(
+                [
+                    ChatChunkChoice(
+                        index=u.index,
+                        delta=DeltaMessage(content=u.text) if u.text else DeltaMessage(),
+                        logprobs=self._logprobs(u),
+                        finish_reason=u.finish_reason,
+                        stop_reason=u.stop_reason,
+                    )
+                ]
+            )
+            for u in updates
+        ]
+
+    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
+        """The chunk with no choices that carries the usage."""
+        return self._chunk([], usage)
+
+    def response(self, choices: list[ChoiceUpdate], usage: UsageInfo) -> BaseModel:
+        """The `chat.completion` object."""
+        return ChatCompletionResponse(
+            id=self.response_id,
+            model=self.model,
+            choices=[
+                ChatChoice(
+                    index=c.index,
+                    message=ChatResponseMessage(content=c.text),
+                    logprobs=self._logprobs(c),
+                    finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
+                for c in choices
+            ],
+            usage=usage,
+        )
+
+    def _chunk(
+        self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None
+    ) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.response_id, model=self.model, choices=choices, usage=usage
+        )
+
+    def _logprobs(self, update: ChoiceUpdate) -> ChatLogprobs | None:
+        if not self.with_logprobs:
+            return None
+        return chat_logprobs(
+            self.token_text, update.token_ids, update.logprobs, update.num_logprobs
         )

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel
 
 from services.router.deps import StateDep
 from services.router.errors import bad_request
-from services.router.generation import Generation
+from services.router.generation import ChoiceUpdate
 from services.router.logprobs import completion_logprobs
-from services.router.routes.serve import serve_generation
-from services.router.schemas import CompletionChoice, CompletionRequest, CompletionResponse
-from services.router.state import RouterState
-from services.router.streaming import (
-    build_params,
-    new_id,
-    sse,
-    usage_info,
+from services.router.routes.generate import build_params, new_id, serve_generation
+from services.router.schemas import (
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    UsageInfo,
 )
+from services.router.token_text import TokenText
 
 router = APIRouter(tags=["completions"])
 
@@ -37,94 +38,62 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     max_tokens = min(state.prompts.check_context(p, body.max_tokens, "prompt") for p in prompts)
     params = build_params(body, max_tokens, body.logprobs)
     response_id = new_id("cmpl")
+    shape = CompletionShape(
+        state.token_text, response_id, state.settings.model_name, body.logprobs is not None
+    )
     return await serve_generation(
-        request,
-        state,
-        response_id,
-        prompts,
-        params,
-        body.stream,
-        lambda generation: _chunks(state, generation, body, response_id),
-        lambda generation: _response(state, generation, body, response_id),
+        request, state, response_id, prompts, params, body.max_tokens, body, shape
     )
 
 
-def _response(
-    state: RouterState, generation: Generation, body: CompletionRequest, response_id: str
-) -> CompletionResponse:
-    choices = []
-    for index, output in enumerate(generation.choices):
-        logprobs = None
-        if body.logprobs is not None:
-            logprobs = completion_logprobs(
-                state.token_text,
-                output.token_ids,
-                output.logprobs or [],
-                output.text_offsets,
-                output.num_logprobs,
-            )
-        choices.append(
-            CompletionChoice(
-                index=index,
-                text=output.text,
-                logprobs=logprobs,
-                finish_reason=output.finish_reason,
-                stop_reason=output.stop_reason,
-            )
+@dataclass(frozen=True)
+class CompletionShape:
+    """Completions' objects: `text_completion`, whole or as chunks of the same type."""
+
+    token_text: TokenText
+    response_id: str
+    model: str
+    with_logprobs: bool
+
+    def opening(self, num_choices: int) -> list[BaseModel]:
+        """Completions start with the first text."""
+        return []
+
+    def chunks(self, updates: list[ChoiceUpdate]) -> list[BaseModel]:
+        """One chunk carrying every choice that advanced."""
+        return [self._object([self._choice(u) for u in updates])]
+
+    def usage_chunk(self, usage: UsageInfo) -> BaseModel:
+        """The chunk with no choices that carries the usage."""
+        return self._object([], usage)
+
+    def response(self, choices: list[ChoiceUpdate], usage: UsageInfo) -> BaseModel:
+        """The whole `text_completion` object."""
+        return self._object([self._choice(c) for c in choices], usage)
+
+    def _object(
+        self, choices: list[CompletionChoice], usage: UsageInfo | None = None
+    ) -> CompletionResponse:
+        return CompletionResponse(
+            id=self.response_id, model=self.model, choices=choices, usage=usage
         )
-    state.metrics.generation_tokens.inc(generation.usage().completion_tokens)
-    return CompletionResponse(
-        id=response_id,
-        model=state.settings.model_name,
-        choices=choices,
-        usage=usage_info(generation.usage()),
-    )
 
-
-async def _chunks(
-    state: RouterState, generation: Generation, body: CompletionRequest, response_id: str
-) -> AsyncIterator[str]:
-    model = state.settings.model_name
-    finish_sent: set[int] = set()
-    async for touched in generation.updates():
-        choices = []
-        for index in touched:
-            output = generation.choices[index]
-            text = output.take_text()
-            token_ids, logprobs, offsets = output.take_tokens()
-            finish = None
-            if output.is_finished and index not in finish_sent:
-                finish = output.finish_reason
-                finish_sent.add(index)
-            if not text and finish is None and not (body.logprobs is not None and token_ids):
-                continue
-            choices.append(
-                CompletionChoice(
-                    index=index,
-                    text=text,
-                    logprobs=(
-                        completion_logprobs(
-                            state.token_text, token_ids, logprobs, offsets, output.num_logprobs
-                        )
-                        if body.logprobs is not None
-                        else None
-                    ),
-                    finish_reason=finish,
-                    stop_reason=output.stop_reason if finish else None,
-                )
-            )
-        if choices:
-            chunk = CompletionResponse(id=response_id, model=model, choices=choices)
-            yield _dump(chunk, body.include_usage)
-    state.metrics.generation_tokens.inc(generation.usage().completion_tokens)
-    if body.include_usage:
-        final = CompletionResponse(
-            id=response_id, model=model, choices=[], usage=usage_info(generation.usage())
+    def _choice(self, update: ChoiceUpdate) -> CompletionChoice:
+        return CompletionChoice(
+            index=update.index,
+            text=update.text,
+            logprobs=self._logprobs(update),
+            finish_reason=update.finish_reason,
+            stop_reason=update.stop_reason,
         )
-        yield sse(final)
 
-
-def _dump(chunk: CompletionResponse, include_usage: bool) -> str:
-    if include_usage:
-        return sse(chunk)
-    return f"data: {chunk.model_dump_json(exclude={'usage'})}\n\n"
+    def _logprobs(self, update: ChoiceUpdate) -> CompletionLogprobs | None:
+        if not self.with_logprobs:
+            return None
+        return completion_logprobs(
+            self.token_text,
+            update.token_ids,
+            update.logprobs,
+            update.text_offsets,
+            update.num_logprobs,
+        )

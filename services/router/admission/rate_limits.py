@@ -6,10 +6,12 @@ A window opens with the first request after the last one expired and lasts `WIND
 Lua script checks both limits and, only if both hold, charges both, so a refused request
 costs nothing and concurrent replicas cannot overshoot.
 
-Tokens are charged up front and not reconciled: the prompt's tokens plus `max_tokens` (chat
-without `max_tokens`: the rest of the context), times `n`. That is what a request may cost,
-known before it runs; a reply that stops early is not refunded. /v1/models counts as a
-request with no tokens.
+A generation request is charged once, by the route, after it has validated and tokenized
+the prompts: the same token ids are counted, so nothing is parsed or tokenized twice, and a
+request refused as malformed costs nothing. Tokens are charged up front and not reconciled:
+the prompt's tokens plus `max_tokens` (chat without `max_tokens`: the rest of the context)
+times `n`. That is what a request may cost, known before it runs; a reply that stops early is
+not refunded. /v1/models counts as a request with no tokens (`deps.count_request`).
 
 Over a limit: 429 in OpenAI's shape, code `rate_limit_exceeded`, `Retry-After` = seconds
 until the window resets. Redis unreachable: the request is allowed (fail open) and a warning
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -134,43 +135,22 @@ class RateLimiter:
             await self.redis.aclose()
 
 
-def _int(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
-async def requested_tokens(request: Request) -> int:
-    """Prompt tokens + max_tokens, times n, of a completions or chat request (best effort:
-    a body that does not parse costs nothing here and is refused by validation later)."""
-    try:
-        body = await request.json()
-    except ValueError:
-        return 0
-    if not isinstance(body, dict):
-        return 0
-    state = request.app.state.router
-    n = max(1, _int(body.get("n"), 1))
-    try:
-        if request.url.path.endswith("/chat/completions"):
-            prompts = [state.prompts.chat_prompt(body.get("messages"))]
-            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        else:
-            prompts = state.prompts.completion_prompts(body.get("prompt", ""))
-            max_tokens = body.get("max_tokens", 16)
-    except Exception:  # malformed prompt: the route answers 400
-        return n * _int(body.get("max_tokens"), 0)
+def requested_tokens(
+    prompts: list[list[int]], n: int, max_tokens: int | None, max_model_len: int
+) -> int:
+    """What a request may cost: each prompt's tokens plus `n` times its `max_tokens` (None:
+    the rest of the context)."""
     total = 0
     for prompt in prompts:
-        rest = max(0, state.max_model_len - len(prompt))
-        total += len(prompt) + n * _int(max_tokens, rest)
+        rest = max(0, max_model_len - len(prompt))
+        total += len(prompt) + n * (rest if max_tokens is None else max_tokens)
     return total
 
 
-async def enforce_rate_limit(request: Request) -> None:
-    """Route dependency: 429 when the caller's key has spent its requests or tokens."""
-    limiter: RateLimiter = request.app.state.rate_limiter
+async def charge_request(request: Request, limiter: RateLimiter, num_tokens: int) -> None:
+    """429 when the caller's key has spent its requests or tokens; else both are charged."""
     if not limiter.is_enabled:
         return
-    num_tokens = await requested_tokens(request) if limiter.tpm else 0
     key = getattr(request.state, "api_key_id", ANONYMOUS)
     refusal = await limiter.charge(key, num_tokens)
     if refusal is None:

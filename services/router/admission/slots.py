@@ -6,7 +6,7 @@ Retry-After) rather than queued: queues belong in the executors, where they are 
 KV memory, and a client can back off or try another router replica.
 
 Admission is decided at the door. A generation request takes a `Ticket` before its body is
-parsed (services.router.gate); a ticket holds one place under the overall bound while the
+parsed (`admission.door`); a ticket holds one place under the overall bound while the
 request is validated, tokenized and routed, and turns into its first executor slot. So when
 a slot frees, one waiting request gets it instead of many passing the door and all but one
 being refused after doing that work.
@@ -28,7 +28,7 @@ class Ticket:
 
 ALL_EXECUTORS_FULL = "every live executor is at its admission bound; retry later"
 
-# The current request's ticket: set by the gate, consumed by the dispatcher.
+# The current request's ticket: set at the door, consumed by the dispatcher.
 current_ticket: ContextVar[Ticket | None] = ContextVar("quire_admission_ticket", default=None)
 
 

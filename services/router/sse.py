@@ -1,12 +1,12 @@
-"""Helpers the generation routes share: SSE framing, disconnects, params, usage."""
+"""Server-sent events and disconnects: `data:` framing, the stream's error event and
+`[DONE]`, and cancelling the work of a client that went away."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import structlog
@@ -14,10 +14,8 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
-from quire.sampling_params import SamplingParams
-from services.router.errors import ApiError, bad_request, error_body
-from services.router.generation import Generation, Usage
-from services.router.schemas import PromptTokensDetails, SamplingRequest, UsageInfo
+from services.router.errors import ApiError, error_body
+from services.router.generation import Generation
 
 log = structlog.get_logger("router")
 T = TypeVar("T")
@@ -26,35 +24,11 @@ DONE = "data: [DONE]\n\n"
 CLIENT_CLOSED = 499  # nginx's "client closed request", for logs and metrics
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def sse(payload: BaseModel | dict[str, Any]) -> str:
-    """One server-sent event carrying JSON."""
+def sse(payload: BaseModel | dict[str, Any], exclude: set[str] | None = None) -> str:
+    """One server-sent event carrying JSON (a model without the fields in `exclude`)."""
     if isinstance(payload, BaseModel):
-        return f"data: {payload.model_dump_json()}\n\n"
+        return f"data: {payload.model_dump_json(exclude=exclude)}\n\n"
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
-def build_params(body: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    """SamplingParams from a request, as a 400 naming the field when a value is invalid."""
-    try:
-        return body.sampling_params(max_tokens, logprobs)
-    except ValueError as exc:
-        message = str(exc)
-        first = message.split(" ", 1)[0]
-        param = first if first in type(body).model_fields else None
-        raise bad_request(message, param) from exc
-
-
-def usage_info(usage: Usage) -> UsageInfo:
-    return UsageInfo(
-        prompt_tokens=usage.prompt_tokens,
-        completion_tokens=usage.completion_tokens,
-        total_tokens=usage.total_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
-    )
 
 
 class ClientDisconnected(Exception):
@@ -97,7 +71,7 @@ async def client_closed(request: Request, exc: Exception) -> Response:
 
 def event_stream(
     generation: Generation,
-    chunks: Callable[[], AsyncIterator[str]],
+    chunks: AsyncIterator[str],
     headers: dict[str, str],
 ) -> StreamingResponse:
     """An SSE response: the route's chunks, then an error event if one happened, then [DONE].
@@ -107,7 +81,7 @@ def event_stream(
 
     async def body() -> AsyncIterator[str]:
         try:
-            async for chunk in chunks():
+            async for chunk in chunks:
                 yield chunk
         except ApiError as error:
             log.warning("stream failed", status=error.status, error=error.message)

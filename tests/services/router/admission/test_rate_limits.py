@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import pytest
 
+from services.router.admission.rate_limits import requested_tokens
 from services.router.auth import key_id
 from services.stack.ports import free_port
 from tests.services.router.conftest import MODEL_NAME, Cluster
@@ -59,6 +61,44 @@ def test_tokens_per_minute_charge_prompt_plus_max_tokens(cluster: Cluster, token
     _assert_429(refused, "tokens")
     spent = cluster.redis.get(f"{cluster.prefix}:ratelimit:anonymous:tokens")
     assert int(spent) == cost * (40 // cost)  # the refused request cost nothing
+
+
+class _CountingTokenizer:
+    """The router's tokenizer, counting the prompts it encodes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.num_encoded = 0
+
+    def encode(self, text: str, **kwargs: Any) -> list[int]:
+        self.num_encoded += 1
+        return list(self.tokenizer.encode(text, **kwargs))
+
+    def apply_chat_template(self, *args: Any, **kwargs: Any) -> Any:
+        return self.tokenizer.apply_chat_template(*args, **kwargs)
+
+
+def test_token_limit_charges_the_routes_own_tokens(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = cluster.router(rate_limit_tpm=10_000)
+    counting = _CountingTokenizer(router.state.prompts.tokenizer)
+    monkeypatch.setattr(router.state.prompts, "tokenizer", counting)
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with router.http() as http:
+        assert http.post("/v1/chat/completions", json=body).status_code == 200
+    # Tokenized once, by the route: the rate limit counts the same ids.
+    assert counting.num_encoded == 1
+    (request,) = [r for fake in cluster.fakes.values() for r in fake.executor.requests]
+    spent = cluster.redis.get(f"{cluster.prefix}:ratelimit:anonymous:tokens")
+    assert int(spent) == len(request.prompt_token_ids) + 4
+
+
+def test_requested_tokens_without_max_tokens_is_the_rest_of_the_context() -> None:
+    assert requested_tokens([[1, 2, 3]], n=2, max_tokens=5, max_model_len=100) == 3 + 2 * 5
+    assert (
+        requested_tokens([[1, 2, 3], [4]], n=1, max_tokens=None, max_model_len=10) == 3 + 7 + 1 + 9
+    )
 
 
 def test_redis_down_fails_open(cluster: Cluster) -> None:

@@ -6,7 +6,7 @@ replica, while one kept waiting adds to the load it is meant to shed. `Admission
 plain ASGI and sits outside the body parsing, validation, tokenization and routing: when no
 slot is free it answers from the request line alone, without reading the body. Requests that
 pass still meet the exact checks in `Dispatcher` (per-executor bounds, n > 1 needing several
-slots), so the gate only ever refuses what would be refused later anyway.
+slots), so the door only ever refuses what would be refused later anyway.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.router.admission import ALL_EXECUTORS_FULL, Admission, current_ticket
-from services.router.cluster import ExecutorDirectory
+from services.router.admission.slots import ALL_EXECUTORS_FULL, Admission, current_ticket
+from services.router.directory import ExecutorDirectory
 from services.router.errors import error_body
 from services.router.metrics import RouterMetrics
 
@@ -25,7 +25,7 @@ GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 class AdmissionGate:
     """429 before any parsing when the overall bound is reached or every executor is full;
-    otherwise the request runs holding a ticket (see services.router.admission)."""
+    otherwise the request runs holding a ticket (see `admission.slots`)."""
 
     def __init__(
         self,
