@@ -7,6 +7,15 @@ from dataclasses import dataclass, field
 MAX_LOGPROBS = 20  # most top-k logprobs returned per token
 MAX_N = 128  # most parallel samples per request
 MAX_STOP_STRINGS = 16
+# The float-valued fields: what codecs check for NaN/inf and copy when set.
+FLOAT_FIELDS = (
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+)
 
 
 @dataclass

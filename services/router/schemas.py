@@ -15,7 +15,13 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from quire.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRINGS, SamplingParams
+from quire.sampling_params import (
+    FLOAT_FIELDS,
+    MAX_LOGPROBS,
+    MAX_N,
+    MAX_STOP_STRINGS,
+    SamplingParams,
+)
 
 MAX_STOP_CHARS = 1024  # longest stop string
 MAX_STOP_TOKEN_IDS = 256  # most stop_token_ids
@@ -125,14 +131,7 @@ class SamplingRequest(BaseModel):
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
         }
-        for name in (
-            "temperature",
-            "top_p",
-            "min_p",
-            "presence_penalty",
-            "frequency_penalty",
-            "repetition_penalty",
-        ):
+        for name in FLOAT_FIELDS:
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         return SamplingParams(**values)

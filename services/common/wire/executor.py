@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from quire.cluster.registry import ExecutorLoad
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
-from quire.sampling_params import SamplingParams
+from quire.sampling_params import FLOAT_FIELDS, SamplingParams
 from services.rpc import executor_pb2 as pb
 
 # Copied as they are; 0 / False / 0.0 on the wire are the engine's defaults too.
@@ -26,14 +26,6 @@ _PLAIN_FIELDS = (
 )
 # `optional` on the wire: unset means the engine's default.
 _OPTIONAL_FIELDS = ("temperature", "top_p", "repetition_penalty", "logprobs", "seed")
-_FLOAT_FIELDS = (
-    "temperature",
-    "top_p",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-)
 
 
 def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
@@ -58,7 +50,7 @@ def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
     `n` and `max_tokens` are plain uint32 on the wire, so 0 means unset (1 and 16); `top_k`
     0 disables top-k. NaN or infinite floats are refused here: no range check catches them all.
     """
-    for name in _FLOAT_FIELDS:
+    for name in FLOAT_FIELDS:
         value = getattr(msg, name)
         if not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value}")
