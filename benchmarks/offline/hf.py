@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.engine_workloads import FIRST_REGULAR_TOKEN_ID, Workload
+from benchmarks.common.workload import FIRST_REGULAR_TOKEN_ID
+from benchmarks.offline.workloads import Workload
 
 
 @dataclass

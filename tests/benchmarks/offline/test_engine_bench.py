@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import engine as bench
-from benchmarks import engine_workloads as workloads
+from benchmarks.offline import workloads
+from benchmarks.offline.quire_run import run_quire
 from quire import LLM
 from quire.tools.make_model import make_checkpoint
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"
 
 THROUGHPUT_KEYS = ("quire_tok_s", "hf_static_tok_s", "hf_continuous_tok_s")
@@ -92,7 +92,7 @@ def test_stub_forward_holds_the_same_blocks_as_the_model() -> None:
     traces = []
     for stub in (False, True):
         llm = LLM(model=str(TINY), num_kv_blocks=12, max_num_seqs=64)
-        run = bench.run_quire(llm, workload, f"stub={stub}", stub_forward=stub)
+        run = run_quire(llm, workload, f"stub={stub}", stub_forward=stub)
         steps = [
             (s.num_running, s.num_waiting, s.num_tokens, s.num_block_slots) for s in run.samples
         ]
