@@ -28,6 +28,7 @@ def failures(results: dict[str, Any]) -> list[str]:
 
 
 async def run_all(plan: Plan, work_dir: Path, only: list[str] | None = None) -> dict[str, Any]:
+    """Every fault, then the soak and overload, each on a fresh stack (`only` picks some)."""
     results: dict[str, Any] = {"faults": {}}
     for name, fault in FAULTS.items():
         if only and name not in only:
@@ -54,6 +55,7 @@ async def run_all(plan: Plan, work_dir: Path, only: list[str] | None = None) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `make chaos`, write chaos.json; exit status 1 on any hung, lost or leaked block."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.chaos", description=benchmarks.chaos.__doc__
     )

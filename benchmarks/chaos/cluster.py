@@ -20,6 +20,7 @@ from services.stack.runner import Stack
 
 
 async def cluster_status(url: str) -> list[dict[str, Any]]:
+    """The router's view of every executor (GET /cluster/status)."""
     async with httpx.AsyncClient(timeout=5) as client:
         executors: list[dict[str, Any]] = (await client.get(f"{url}/cluster/status")).json()[
             "executors"
@@ -28,6 +29,7 @@ async def cluster_status(url: str) -> list[dict[str, Any]]:
 
 
 async def wait_healthy(url: str, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """Wait until the router sees `n` healthy executors; those executors."""
     deadline = time.monotonic() + timeout_s
     healthy: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
@@ -54,10 +56,12 @@ async def blocks_leaked(url: str, timeout_s: float = 20.0) -> int:
 
 
 def redis_client(stack: Stack) -> redis.Redis:
+    """A synchronous client of the stack's Redis."""
     return redis.Redis(host=stack.config.host, port=stack.config.redis_port, socket_timeout=2)
 
 
 def executor_record(stack: Stack, executor_id: str) -> ExecutorRecord | None:
+    """The executor's liveness record in Redis, None if it is missing."""
     with contextlib.suppress(redis.RedisError):
         data = redis_client(stack).get(executor_key(stack.config.redis_prefix, executor_id))
         if isinstance(data, bytes):

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -33,64 +32,14 @@ import httpx
 
 from benchmarks.chaos.cli import failures
 from benchmarks.chaos.cluster import blocks_leaked, cluster_status
+from benchmarks.chaos.containers import EXECUTORS, NETWORK, container, manager_pools, run
 from benchmarks.chaos.load import Load, one_request, served_by, tally
 from benchmarks.chaos.stack import REPO
 from benchmarks.common.report import write_json
 
 RESULTS = REPO / "bench" / "results" / "chaos-compose.json"
-PROJECT = "quire"
-NETWORK = f"{PROJECT}_default"
 MODEL = "smollm2-135m-instruct"
 VICTIM = "executor-1"
-EXECUTORS = ["executor-0", "executor-1"]
-
-# GetBlockStates for each executor, run inside the memory manager's container (its port is
-# not published): the manager's own view of every pool.
-POOLS_PROBE = """
-import json, sys, grpc
-from services.rpc import memory_manager_pb2 as pb, memory_manager_pb2_grpc as rpc
-pools = {}
-with grpc.insecure_channel("127.0.0.1:50051") as channel:
-    stub = rpc.MemoryManagerStub(channel)
-    for eid in sys.argv[1:]:
-        s = stub.GetBlockStates(pb.GetBlockStatesRequest(executor_id=eid), timeout=5)
-        counts = [0, 0, 0, 0]
-        for b in s.states:
-            counts[b] += 1
-        pools[eid] = {"total": s.stats.num_blocks_total, "used": s.stats.num_blocks_used,
-                      "cached": s.stats.num_blocks_cached,
-                      "consistent": len(s.states) == s.stats.num_blocks_total
-                      and counts[1] + counts[3] == s.stats.num_blocks_used
-                      and counts[2] == s.stats.num_blocks_cached}
-print(json.dumps(pools))
-"""
-
-
-def compose_files() -> list[str]:
-    recorded = REPO / ".run" / "compose" / "files"
-    return recorded.read_text().split() if recorded.exists() else ["-f", "compose.yaml"]
-
-
-def run(*command: str, timeout: float = 120) -> str:
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()[-400:]}")
-    return done.stdout.strip()
-
-
-def container(service: str) -> str:
-    cid = run("docker-compose", "-p", PROJECT, *compose_files(), "ps", "-q", service)
-    if not cid:
-        raise RuntimeError(f"compose service {service} has no container: run `make compose-up`")
-    return cid
-
-
-def manager_pools() -> dict[str, Any]:
-    out = run(
-        "docker", "exec", container("memory-manager"), "python", "-c", POOLS_PROBE, *EXECUTORS
-    )
-    pools: dict[str, Any] = json.loads(out)
-    return pools
 
 
 class ComposeLoad(Load):
@@ -153,14 +102,19 @@ async def steady_load(url: str, plan: Plan, seed: int) -> ComposeLoad:
     return load
 
 
-async def comes_back(url: str, since: float) -> tuple[float, float]:
-    """Seconds until the victim, back at `since`, is routable; and until it serves again."""
+async def comes_back(url: str, since: float, plan: Plan) -> tuple[float, float, float]:
+    """Seconds until the victim, back at `since`, is routable and until it serves again; then
+    `plan.after_s` more of the load. Returns those seconds and when it served again."""
     routable_s = await wait_routable(url, VICTIM)
     back_s = time.monotonic() - since + await served_again(url, VICTIM)
-    return routable_s, back_s
+    t_back = time.monotonic()
+    await asyncio.sleep(plan.after_s)
+    return routable_s, back_s, t_back
 
 
 async def finish(load: Load, url: str, result: dict[str, Any]) -> dict[str, Any]:
+    """Stop the load; its buckets, `result`, and the KV blocks left in use at the executors
+    and the memory manager once idle."""
     await load.finish()
     out = {**tally(load.outcomes), **result}
     out["blocks_leaked"] = await blocks_leaked(url, timeout_s=60)
@@ -175,6 +129,7 @@ async def finish(load: Load, url: str, result: dict[str, Any]) -> dict[str, Any]
 
 
 async def fault_kill_executor(url: str, plan: Plan) -> dict[str, Any]:
+    """`docker kill` executor-1 mid-load, `docker start` it, check it serves again."""
     cid = container(VICTIM)
     load = await steady_load(url, plan, seed=1)
     t_fault = time.monotonic()
@@ -183,9 +138,7 @@ async def fault_kill_executor(url: str, plan: Plan) -> dict[str, Any]:
     late = served_by(load.outcomes_since(t_fault + 2.0), VICTIM)
     t_start = time.monotonic()
     await asyncio.to_thread(run, "docker", "start", cid)
-    routable_s, back_s = await comes_back(url, t_start)
-    t_back = time.monotonic()
-    await asyncio.sleep(plan.after_s)
+    routable_s, back_s, t_back = await comes_back(url, t_start, plan)
     return await finish(
         load,
         url,
@@ -199,6 +152,7 @@ async def fault_kill_executor(url: str, plan: Plan) -> dict[str, Any]:
 
 
 async def fault_restart_memory_manager(url: str, plan: Plan) -> dict[str, Any]:
+    """`docker restart` the memory manager mid-load."""
     cid = container("memory-manager")
     load = await steady_load(url, plan, seed=2)
     t_fault = time.monotonic()
@@ -217,6 +171,7 @@ async def fault_restart_memory_manager(url: str, plan: Plan) -> dict[str, Any]:
 
 
 async def fault_pause_redis(url: str, plan: Plan) -> dict[str, Any]:
+    """`docker pause` Redis for `plan.pause_s`, then unpause it."""
     cid = container("redis")
     load = await steady_load(url, plan, seed=3)
     t_pause = time.monotonic()
@@ -242,6 +197,7 @@ async def fault_pause_redis(url: str, plan: Plan) -> dict[str, Any]:
 
 
 async def fault_disconnect_executor(url: str, plan: Plan) -> dict[str, Any]:
+    """Cut executor-1 off the network for `plan.cut_s`, then reconnect it."""
     cid = container(VICTIM)
     load = await steady_load(url, plan, seed=4)
     t_cut = time.monotonic()
@@ -255,9 +211,7 @@ async def fault_disconnect_executor(url: str, plan: Plan) -> dict[str, Any]:
             run, "docker", "network", "connect", "--alias", VICTIM, NETWORK, cid
         )
     t_reconnect = time.monotonic()
-    routable_s, back_s = await comes_back(url, t_reconnect)
-    t_back = time.monotonic()
-    await asyncio.sleep(plan.after_s)
+    routable_s, back_s, t_back = await comes_back(url, t_reconnect, plan)
     return await finish(
         load,
         url,
@@ -293,6 +247,7 @@ def routing_failures(results: dict[str, Any]) -> list[str]:
 
 
 async def run_all(url: str, plan: Plan, only: list[str] | None) -> dict[str, Any]:
+    """Every fault (`only` picks some), each starting on a whole cluster."""
     results: dict[str, Any] = {"faults": {}}
     await wait_routable(url, VICTIM)
     for name, fault in FAULTS.items():
@@ -309,6 +264,7 @@ async def run_all(url: str, plan: Plan, only: list[str] | None) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `make chaos-compose`, write its JSON; exit status 1 on any failed check."""
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.chaos_compose",
         description=__doc__,

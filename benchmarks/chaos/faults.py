@@ -12,12 +12,7 @@ from typing import Any
 import grpc
 import httpx
 
-from benchmarks.chaos.cluster import (
-    executor_record,
-    manager_pools,
-    redis_client,
-    wait_healthy,
-)
+from benchmarks.chaos.cluster import executor_record, manager_pools, redis_client, wait_healthy
 from benchmarks.chaos.load import one_request, served_by, stream_body
 from benchmarks.chaos.stack import Plan, add_router, settle, start_process, steady_load
 from quire.cluster.registry import prefix_key
@@ -48,13 +43,18 @@ async def fault_kill_executor(stack: Stack, plan: Plan) -> dict[str, Any]:
     return result
 
 
+async def kill_and_restart(stack: Stack, name: str, down_s: float, timeout_s: float) -> None:
+    """SIGKILL a process, leave it down `down_s`, start it again and wait until it is ready."""
+    stack.signal(name, signal.SIGKILL)
+    await asyncio.sleep(down_s)
+    await start_process(stack, name, timeout_s)
+
+
 async def fault_kill_memory_manager(stack: Stack, plan: Plan) -> dict[str, Any]:
     """SIGKILL the memory manager mid-load and restart it."""
     url = stack.config.router_url
     load = await steady_load(stack, plan, seed=2)
-    stack.signal("memory-manager", signal.SIGKILL)
-    await asyncio.sleep(1.0)
-    await start_process(stack, "memory-manager", 60.0)
+    await kill_and_restart(stack, "memory-manager", down_s=1.0, timeout_s=60.0)
     t_back = time.monotonic()
     await asyncio.sleep(plan.after_s)
     result = await settle(load, url)
@@ -98,9 +98,7 @@ async def fault_restart_redis(stack: Stack, plan: Plan) -> dict[str, Any]:
     """SIGKILL Redis mid-load and restart it: no request fails; prefix sets come back."""
     url = stack.config.router_url
     load = await steady_load(stack, plan, seed=3)
-    stack.signal("redis", signal.SIGKILL)
-    await asyncio.sleep(2.0)
-    await start_process(stack, "redis", 30.0)
+    await kill_and_restart(stack, "redis", down_s=2.0, timeout_s=30.0)
     await asyncio.sleep(plan.after_s)
     result = await settle(load, url)
     # the prefix index is republished into the fresh Redis (within a refresh period)

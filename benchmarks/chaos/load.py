@@ -113,6 +113,7 @@ class Load:
 
 
 def has_error_object(text: str) -> bool:
+    """Whether `text` is JSON holding an OpenAI error object."""
     with contextlib.suppress(ValueError):
         data = json.loads(text)
         return isinstance(data, dict) and isinstance(data.get("error"), dict)
@@ -200,6 +201,7 @@ def classify_error(status: int, headers: httpx.Headers, text: str) -> tuple[str,
 
 
 def tally(outcomes: list[Outcome]) -> dict[str, Any]:
+    """How many outcomes fell in each bucket, with a few hung or lost examples."""
     counts = {"sent": len(outcomes), **{b: 0 for b in BUCKETS}}
     examples: list[str] = []
     for o in outcomes:
@@ -210,6 +212,7 @@ def tally(outcomes: list[Outcome]) -> dict[str, Any]:
 
 
 def stream_body(seed: int) -> dict[str, Any]:
+    """A short greedy streaming completion, its prompt picked by `seed`."""
     return {
         "model": "quire-tiny",
         "prompt": f"{PROMPTS[seed % len(PROMPTS)]} {seed}",
@@ -220,4 +223,5 @@ def stream_body(seed: int) -> dict[str, Any]:
 
 
 def served_by(outcomes: list[Outcome], executor_id: str) -> list[Outcome]:
+    """The outcomes that `executor_id` served (x-quire-executor)."""
     return [o for o in outcomes if executor_id in o.executors.split(",")]

@@ -11,6 +11,7 @@ from benchmarks.offline.workloads import DEFAULT_NUM_REQUESTS, WORKLOAD_NAMES
 
 
 def parse_num_requests(items: list[str], names: list[str], quick: bool) -> dict[str, int]:
+    """Requests per workload from N (all) or NAME=N items over the defaults."""
     counts = {n: QUICK["num_requests"] if quick else DEFAULT_NUM_REQUESTS[n] for n in names}
     for item in items:
         name, _, value = item.rpartition("=")
@@ -26,6 +27,7 @@ def parse_num_requests(items: list[str], names: list[str], quick: bool) -> dict[
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The benchmark's options, with --quick's settings applied."""
     parser = argparse.ArgumentParser(description=benchmarks.offline.__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help=f"checkpoint dir (default {DEFAULT_MODEL})")
     parser.add_argument(

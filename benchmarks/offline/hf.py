@@ -30,6 +30,7 @@ class HFRun:
 
 
 def load_hf_model(model: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The checkpoint in transformers, in `dtype`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
@@ -75,6 +76,7 @@ def run_hf_static(
 
 
 def warm_up_hf_static(hf: Any, vocab_size: int, pad_id: int) -> None:
+    """Two short generate() calls, untimed."""
     prompts = np.random.default_rng(54321).integers(FIRST_REGULAR_TOKEN_ID, vocab_size, (2, 40))
     warm = Workload("warmup", prompts.tolist(), [4, 4])
     run_hf_static(hf, warm, 2, pad_id, progress=False)

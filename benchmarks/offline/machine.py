@@ -29,6 +29,7 @@ def matmul_flops(dtype: torch.dtype, n: int = MATMUL_SIZE, repeats: int = 5) -> 
 
 
 def machine_info() -> dict[str, Any]:
+    """CPU model, core and thread counts, versions, and the load average now."""
     import transformers
 
     cpu = platform.processor() or platform.machine()

@@ -42,6 +42,7 @@ from quire import LLM
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; write engine.json and engine.png, print the table; the results."""
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

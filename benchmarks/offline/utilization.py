@@ -35,6 +35,7 @@ def quire_flops(engine: LLMEngine, run: QuireRun) -> float:
 
 
 def kv_summary(run: QuireRun) -> dict[str, Any]:
+    """Time-weighted KV utilization (paged and contiguous) and a thinned timeline."""
     samples = run.samples
     keep = np.unique(
         np.linspace(0, len(samples) - 1, min(len(samples), TIMELINE_POINTS)).astype(int)

@@ -9,6 +9,7 @@ from benchmarks.online.config import DEFAULTS, QUICK, REPO
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The benchmark's options over DEFAULTS (and QUICK with --quick)."""
     p = argparse.ArgumentParser(
         description=benchmarks.online.__doc__, formatter_class=argparse.RawTextHelpFormatter
     )

@@ -84,6 +84,7 @@ class TransformersServer(Server):
 
 
 async def send(client: httpx.AsyncClient, server: Server, req: Request) -> Result:
+    """One streaming request, timed: TTFT, every gap between text chunks, e2e, usage."""
     result = Result()
     chunks = 0
     start = time.perf_counter()

@@ -100,6 +100,7 @@ def rescore(path: Path, slo_ttft_ms: float, slo_tpot_ms: float, out: Path) -> di
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run every system (or --rescore a finished run); write serving.json and serving.png."""
     args = parse_args(argv)
     if args.rescore:
         return rescore(Path(args.rescore), args.slo_ttft_ms, args.slo_tpot_ms, Path(args.out))

@@ -12,6 +12,7 @@ from benchmarks.online.config import SLO_LOAD_AXIS_MAX
 
 
 def plot(results: dict[str, Any], path: Path) -> None:
+    """serving.png: TTFT p99, TPOT p99, throughput and SLO load per rate; the bursts."""
     plt = pyplot()
     panels = [
         ("TTFT p99 (ms)", lambda r: r["ttft_ms"]["p99"], results["slo"]["ttft_ms"]),

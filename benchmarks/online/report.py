@@ -15,6 +15,7 @@ HEADER = (
 
 
 def row(name: str, run: dict[str, Any]) -> str:
+    """One printed table row: a run of one system at one rate (or the burst)."""
     rate = run["request_rate"]
 
     def triple(s: dict[str, float | None]) -> str:

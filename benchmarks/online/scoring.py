@@ -52,6 +52,7 @@ def cache_hit_rate(results: list[Result]) -> float | None:
 def summarize(
     results: list[Result], duration: float, rate: float, slo_ttft_ms: float, slo_tpot_ms: float
 ) -> dict[str, Any]:
+    """One run's figures as `vllm bench serve` reports them, its goodput and SLO load."""
     ok = [r for r in results if r.success]
     tpots = [t for r in ok if (t := r.tpot) is not None]
     good = [

@@ -19,11 +19,13 @@ from services.stack.ports import free_port, stack_ports
 
 
 def served_model(base_url: str) -> str:
+    """The first model id the server lists at /v1/models."""
     return str(httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["id"])
 
 
 @contextlib.contextmanager
 def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
+    """Quire's stack (Redis, memory manager, executors, router) on free ports."""
     from services.stack.runner import Stack
     from services.stack.spec import StackConfig
 
@@ -72,6 +74,7 @@ def vllm_serve(model_dir: Path, log_path: Path) -> Any:
 
 @contextlib.contextmanager
 def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180) -> Any:
+    """`transformers serve --continuous-batching` on the CPU, on a free port."""
     port = free_port()
     argv = [
         sys.executable,

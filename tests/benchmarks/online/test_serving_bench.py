@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +11,8 @@ import pytest
 from benchmarks.online.cli import parse_args
 from benchmarks.online.main import rescore
 from benchmarks.online.plot import plot
+from tests.benchmarks.entry import run_quick
 
-REPO = Path(__file__).resolve().parents[3]
 STAT_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 SLO_TTFT_MS, SLO_TPOT_MS = 2000.0, 300.0
 
@@ -22,25 +20,13 @@ SLO_TTFT_MS, SLO_TPOT_MS = 2000.0, 300.0
 @pytest.fixture(scope="module")
 def results(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("serving")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.serving",
-            "--quick",
-            "--skip-baseline",
-            "--out",
-            str(out),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run_quick(
+        "benchmarks.serving",
+        out,
+        "--skip-baseline",
+        expect="sustainable rate ratio",
+        timeout_s=180,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sustainable rate ratio" in proc.stdout, proc.stdout
-    assert (out / "serving.png").stat().st_size > 0
-    return json.loads((out / "serving.json").read_text())
 
 
 def test_top_level(results: dict) -> None:
