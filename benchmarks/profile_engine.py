@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.engine import warm_up_quire, warmup_workload
-from benchmarks.engine_workloads import build_workload
+from benchmarks.offline.quire_run import warm_up_quire, warmup_workload
+from benchmarks.offline.workloads import build_workload
 from quire import LLM, SamplingParams
 from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats

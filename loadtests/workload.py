@@ -158,11 +158,10 @@ def sharegpt_pool(config: LoadConfig) -> list[ShareGPTPrompt]:
     """config.pool_size ShareGPT requests of config.seed (vLLM's rule), tokenized once."""
     from transformers import AutoTokenizer
 
-    from quire.workloads import sharegpt
+    from benchmarks.common.workload import sample_sharegpt
 
     tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
-    conversations = sharegpt.read_conversations(config.data)
-    sampled = sharegpt.sample_requests(conversations, tokenizer, config.pool_size, config.seed)
+    sampled = sample_sharegpt(config.data, tokenizer, config.pool_size, config.seed)
     return [ShareGPTPrompt(str(r.prompt), tuple(r.prompt_token_ids), r.output_len) for r in sampled]
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from benchmarks.engine_workloads import FIRST_REGULAR_TOKEN_ID, Workload
+from benchmarks.common.workload import FIRST_REGULAR_TOKEN_ID
+from benchmarks.offline.workloads import Workload
 
 
 @dataclass
@@ -29,6 +30,7 @@ class HFRun:
 
 
 def load_hf_model(model: str, dtype: torch.dtype = torch.float32) -> Any:
+    """The checkpoint in transformers, in `dtype`, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
@@ -74,6 +76,7 @@ def run_hf_static(
 
 
 def warm_up_hf_static(hf: Any, vocab_size: int, pad_id: int) -> None:
+    """Two short generate() calls, untimed."""
     prompts = np.random.default_rng(54321).integers(FIRST_REGULAR_TOKEN_ID, vocab_size, (2, 40))
     warm = Workload("warmup", prompts.tolist(), [4, 4])
     run_hf_static(hf, warm, 2, pad_id, progress=False)

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from benchmarks.chaos import FAULTS, Plan, make_config, overload, soak, with_stack
+from benchmarks.chaos.faults import FAULTS
+from benchmarks.chaos.pressure import overload, soak
+from benchmarks.chaos.stack import Plan, make_config, with_stack
 
 # Small counts: the whole module stays within ~90 s on two cores.
 PLAN = Plan(

@@ -1,4 +1,4 @@
-"""benchmarks.chaos_compose without Docker: its verdicts on a report and its command line."""
+"""benchmarks.chaos.compose without Docker: its verdicts on a report and its command line."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks import chaos_compose
-from benchmarks.chaos import failures
+from benchmarks.chaos import compose as chaos_compose
+from benchmarks.chaos.cli import failures
 
 
 def clean_fault(**extra: Any) -> dict[str, Any]:

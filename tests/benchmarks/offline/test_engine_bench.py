@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import engine as bench
-from benchmarks import engine_workloads as workloads
+from benchmarks.offline import workloads
+from benchmarks.offline.quire_run import run_quire
 from quire import LLM
 from quire.tools.make_model import make_checkpoint
+from tests.benchmarks.entry import run_quick
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"
 
 THROUGHPUT_KEYS = ("quire_tok_s", "hf_static_tok_s", "hf_continuous_tok_s")
@@ -32,17 +30,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     if not (TINY / "config.json").is_file():
         make_checkpoint(TINY, "tiny")
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.engine", "--quick", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "quire / hf static" in proc.stdout, proc.stdout
-    assert (out / "engine.png").stat().st_size > 0
-    return json.loads((out / "engine.json").read_text())
+    return run_quick("benchmarks.engine", out, expect="quire / hf static", timeout_s=300)
 
 
 def test_top_level_sections(results: dict) -> None:
@@ -92,7 +80,7 @@ def test_stub_forward_holds_the_same_blocks_as_the_model() -> None:
     traces = []
     for stub in (False, True):
         llm = LLM(model=str(TINY), num_kv_blocks=12, max_num_seqs=64)
-        run = bench.run_quire(llm, workload, f"stub={stub}", stub_forward=stub)
+        run = run_quire(llm, workload, f"stub={stub}", stub_forward=stub)
         steps = [
             (s.num_running, s.num_waiting, s.num_tokens, s.num_block_slots) for s in run.samples
         ]

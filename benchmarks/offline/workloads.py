@@ -1,4 +1,4 @@
-"""The engine benchmark's workloads: real ShareGPT requests (the default) or synthetic lengths.
+"""The offline benchmark's workloads: real ShareGPT requests (the default) or synthetic lengths.
 
 - `sharegpt`: vLLM's sampling rule over the real trace (quire.workloads.sharegpt): the same
   seed gives the same requests as `vllm bench serve --dataset-name sharegpt`; each request must
@@ -19,11 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common.workload import LENGTH_SIGMA, random_token_ids
 from quire.workloads import sharegpt
 from quire.workloads.lengths import lognormal_lengths
-
-LENGTH_SIGMA = 0.9  # lognormal sigma of synthetic prompt and output lengths
-FIRST_REGULAR_TOKEN_ID = 5  # synthetic prompts draw ids from [5, vocab): 0-4 may be special
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ def make_workload(
     for p, o in zip(prompt_lens.tolist(), output_lens.tolist(), strict=True):
         p = min(p, context_len - 1, max_prompt_len or context_len)
         o = min(o, context_len - p, max_output_len or context_len)
-        prompts.append(token_rng.integers(FIRST_REGULAR_TOKEN_ID, vocab_size, size=p).tolist())
+        prompts.append(random_token_ids(token_rng, vocab_size, p))
         outputs.append(o)
     return Workload(spec.name, prompts, outputs)
 
@@ -149,15 +147,3 @@ def build_workload(
 def _conversations(path: Path) -> list[dict[str, Any]]:
     """The trace, read once per process (each workload samples it twice: throughput, concurrency)."""
     return sharegpt.read_conversations(path)
-
-
-def length_stats(lengths: list[int]) -> dict[str, float]:
-    a = np.asarray(lengths)
-    return {
-        "mean": float(a.mean()),
-        "p50": float(np.median(a)),
-        "p90": float(np.percentile(a, 90)),
-        "min": int(a.min()),
-        "max": int(a.max()),
-        "total": int(a.sum()),
-    }

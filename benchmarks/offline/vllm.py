@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.engine_workloads import Workload
+from benchmarks.offline.workloads import Workload
 from benchmarks.peers import vllm_env
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES
 

@@ -1,0 +1,1 @@
+"""What the benchmarks and the load test share: the workload, statistics and reports."""

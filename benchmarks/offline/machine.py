@@ -1,0 +1,55 @@
+"""The machine under the offline benchmark: CPU, versions, load, peak matmul FLOP/s, peak RSS."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import resource
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import torch
+
+from benchmarks.offline.config import MATMUL_SIZE
+
+
+def matmul_flops(dtype: torch.dtype, n: int = MATMUL_SIZE, repeats: int = 5) -> float:
+    """Best FLOP/s of one [n, n] @ [n, n] matmul in `dtype` over a few repeats."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    out = torch.empty(n, n, dtype=dtype)
+    torch.matmul(a, b, out=out)  # warm the allocator and the BLAS threads
+    best = math.inf
+    for _ in range(repeats):
+        start = perf_counter()
+        torch.matmul(a, b, out=out)
+        best = min(best, perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU model, core and thread counts, versions, and the load average now."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "load_average_start": list(os.getloadavg()),
+    }
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far (ru_maxrss), MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

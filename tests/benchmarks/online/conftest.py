@@ -1,0 +1,20 @@
+"""Fixtures of the online benchmark's tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quire.tools.make_model import make_checkpoint
+
+REPO = Path(__file__).resolve().parents[3]
+TINY = REPO / "models" / "quire-tiny"
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Path:
+    """The tiny random-weight checkpoint, made if missing."""
+    if not (TINY / "config.json").is_file():
+        make_checkpoint(TINY, "tiny")
+    return TINY
