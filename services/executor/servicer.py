@@ -111,7 +111,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 num_prompt_tokens=len(prompt_token_ids),
                 **({"prompt_token_ids": prompt_token_ids} if self.log_prompts else {}),
             )
-            progress = _StreamProgress(params.n, params.logprobs or 0)
+            progress = _StreamProgress(params.n, params.logprobs or 0, self.log_prompts)
             while not finished:
                 event = await events.get()
                 if isinstance(event, EngineFailure):
@@ -150,7 +150,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     def _log_finished(self, rlog: Any, progress: _StreamProgress) -> None:
         rlog.info(
             "request finished",
-            num_output_tokens=sum(len(t) for t in progress.token_ids),
+            num_output_tokens=progress.num_output_tokens,
             finish_reasons=progress.finish_reasons,
             num_cached_tokens=progress.num_cached_tokens,
             **({"output_token_ids": progress.token_ids} if self.log_prompts else {}),
@@ -198,18 +198,22 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 
 
 class _StreamProgress:
-    """What one Generate stream has sent: per output, its tokens (for logs) and finish."""
+    """What one Generate stream has sent: per output its finish, and (for logs) its tokens."""
 
-    def __init__(self, n: int, num_top_logprobs: int) -> None:
+    def __init__(self, n: int, num_top_logprobs: int, keep_token_ids: bool) -> None:
         self.num_top_logprobs = num_top_logprobs
-        self.token_ids: list[list[int]] = [[] for _ in range(n)]
+        self.num_output_tokens = 0
+        # Kept only when prompts and outputs are logged; otherwise the count is enough.
+        self.token_ids: list[list[int]] | None = [[] for _ in range(n)] if keep_token_ids else None
         self.finish_reasons: list[str | None] = [None] * n
         self.num_cached_tokens = 0
 
     def response(self, delta: RequestDelta) -> pb.GenerateResponse:
         self.num_cached_tokens = delta.num_cached_tokens
         for seq in delta.outputs:
-            self.token_ids[seq.index].extend(seq.new_token_ids)
+            self.num_output_tokens += len(seq.new_token_ids)
+            if self.token_ids is not None:
+                self.token_ids[seq.index].extend(seq.new_token_ids)
             if seq.finish_reason is not None:
                 self.finish_reasons[seq.index] = seq.finish_reason
         return delta_to_proto(delta, self.num_top_logprobs)

@@ -19,7 +19,6 @@ from services.rpc import executor_pb2 as pb
 # Copied as they are; 0 / False / 0.0 on the wire are the engine's defaults too.
 _PLAIN_FIELDS = (
     "min_p",
-    "stop_token_ids",
     "ignore_eos",
     "presence_penalty",
     "frequency_penalty",
@@ -31,12 +30,9 @@ _OPTIONAL_FIELDS = ("temperature", "top_p", "repetition_penalty", "logprobs", "s
 def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
     """The engine-side part of `params` as the wire message (text settings left out)."""
     wire = pb.SamplingParams(n=params.n, max_tokens=params.max_tokens, top_k=params.top_k or 0)
+    wire.stop_token_ids.extend(params.stop_token_ids)
     for name in _PLAIN_FIELDS:
-        value = getattr(params, name)
-        if name == "stop_token_ids":
-            wire.stop_token_ids.extend(value)
-        else:
-            setattr(wire, name, value)
+        setattr(wire, name, getattr(params, name))
     for name in _OPTIONAL_FIELDS:
         value = getattr(params, name)
         if value is not None:
@@ -59,10 +55,10 @@ def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         "n": msg.n or defaults.n,
         "max_tokens": msg.max_tokens or defaults.max_tokens,
         "top_k": msg.top_k or None,
+        "stop_token_ids": list(msg.stop_token_ids),
     }
     for name in _PLAIN_FIELDS:
-        value = getattr(msg, name)
-        values[name] = list(value) if name == "stop_token_ids" else value
+        values[name] = getattr(msg, name)
     for name in _OPTIONAL_FIELDS:
         values[name] = getattr(msg, name) if msg.HasField(name) else getattr(defaults, name)
     return SamplingParams(**values)  # type: ignore[arg-type]
