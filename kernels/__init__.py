@@ -6,7 +6,8 @@ else the torch reference (reference.py), which also does the cache writes and bl
 QUIRE_KERNEL_BACKEND=auto|cpp|torch|triton overrides the choice; cpp needs the built library
 (and raises if it is missing), triton on CPU tensors needs TRITON_INTERPRET=1 set before the
 kernels are imported. Triton and the C++ library are loaded on first use only, so importing
-this package is cheap; when "auto" cannot load the C++ library it logs why, once.
+this package is cheap; when "auto" cannot load the C++ library it logs why, once. The fused
+RMSNorm and rotary ops of a decoder layer (fused.py) follow the same choice on the CPU.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ _BACKENDS = ("auto", "cpp", "torch", "triton")
 def kernel_backend(device: torch.device) -> str:
     """The backend, "cpp", "torch" or "triton", that a call on tensors of this device uses.
 
-    "cpp" runs the attention kernels in C++; cache writes and block copies stay in torch.
+    "cpp" runs the attention kernels and the fused norm/rotary ops in C++; cache writes and
+    block copies stay in torch.
     """
     requested = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
     if requested not in _BACKENDS:

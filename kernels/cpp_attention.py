@@ -65,7 +65,7 @@ def is_available() -> bool:
     return unavailable_reason() is None
 
 
-def _require_loaded() -> None:
+def require_loaded() -> None:
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"the C++ CPU attention kernels are unavailable: {reason}")
@@ -98,7 +98,7 @@ def paged_decode_attention(
     # block_tables: [num_seqs, max_blocks_per_seq] int32; context_lens: [num_seqs] int32
     checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     _check_cpu_layout(query, key_cache)
-    _require_loaded()
+    require_loaded()
     return torch.ops.quire_cpu.paged_decode_attention(
         _unit_last_stride(query),
         key_cache,
@@ -125,7 +125,7 @@ def paged_prefill_attention(
     # cu_query_lens: [num_seqs + 1] int32; context_lens: [num_seqs] int32, prefix + chunk
     checks.check_prefill(query, key_cache, value_cache, block_tables, cu_query_lens, context_lens)
     _check_cpu_layout(query, key_cache)
-    _require_loaded()
+    require_loaded()
     return torch.ops.quire_cpu.paged_prefill_attention(
         _unit_last_stride(query),
         key_cache,

@@ -7,19 +7,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from quire.kernels import fused
 from quire.model.attention import AttentionMetadata, PagedAttention
 from quire.model.config import ModelConfig
 from quire.model.linear import Linear, use_onednn
 from quire.model.rope import RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # key, value: [num_blocks, block_size, kv_heads, D]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # Same op order as transformers: normalize in float32, cast back, then scale.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 @dataclass
@@ -102,21 +96,28 @@ class LlamaModel:
         """Hidden states `[num_tokens, hidden]` after the final norm."""
         c = self.config
         eps = c.rms_norm_eps
-        h = F.embedding(input_ids, self.embed)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = rms_norm(h, layer.input_norm, eps)
+        # residual: [num_tokens, hidden], the stream each sublayer adds into; x: the input of
+        # the next sublayer, which add_rms_norm_ overwrites with norm(residual + x).
+        residual = F.embedding(input_ids, self.embed)
+        x = fused.rms_norm(residual, self.layers[0].input_norm, eps)
+        cos, sin = self.rotary.cos, self.rotary.sin
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if i > 0:
+                fused.add_rms_norm_(x, residual, layer.input_norm, eps)
             qkv = layer.qkv(x)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            # views into qkv: [num_tokens, heads, head_dim], rotated in place
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
-            v = v.view(-1, c.num_kv_heads, c.head_dim).contiguous()
-            q, k = self.rotary(positions, q, k)
-            attn = self.attn(q.contiguous(), k.contiguous(), v, kv_cache, meta)
-            h = h + layer.o(attn.reshape(-1, self.q_size))
-            x = rms_norm(h, layer.post_norm, eps)
+            v = v.view(-1, c.num_kv_heads, c.head_dim)
+            fused.rotary_embedding_(positions, q, k, cos, sin)
+            attn = self.attn(q, k, v, kv_cache, meta)
+            x = layer.o(attn.reshape(-1, self.q_size))
+            fused.add_rms_norm_(x, residual, layer.post_norm, eps)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h = h + layer.down(F.silu(gate) * up)
-        return rms_norm(h, self.norm, eps)
+            x = layer.down(F.silu(gate) * up)
+        fused.add_rms_norm_(x, residual, self.norm, eps)
+        return x
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,8 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """Precomputed cos/sin tables indexed by absolute position (rotate-half layout)."""
+    """Precomputed cos/sin tables indexed by absolute position (rotate-half layout); the
+    rotation itself is quire.kernels.fused.rotary_embedding_."""
 
     def __init__(
         self, rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device
@@ -42,16 +43,3 @@ class RotaryEmbedding:
         emb = torch.cat((freqs, freqs), dim=-1)
         self.cos = emb.cos()  # [max_positions, head_dim], float32
         self.sin = emb.sin()
-
-    def __call__(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [num_tokens]; q: [num_tokens, heads, D]; k: [num_tokens, kv_heads, D]
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

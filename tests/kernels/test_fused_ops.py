@@ -1,0 +1,122 @@
+"""The C++ fused RMSNorm and rotary kernels against their torch references (fused.py).
+
+Rotary embeddings must agree bit for bit in every dtype (the kernel rounds each product and
+sum as torch does); RMSNorm may differ only by the order of its float32 sum of squares.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quire.kernels import cpp_attention, fused
+from quire.model.config import RopeConfig
+from quire.model.rope import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(
+    not cpp_attention.is_available(),
+    reason=f"C++ CPU kernels unavailable: {cpp_attention.unavailable_reason()}",
+)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# RMSNorm: float32 sums in another order; 16-bit outputs may land one rounding step apart.
+NORM_TOLERANCES = {
+    torch.float32: {"atol": 1e-6, "rtol": 1e-6},
+    torch.bfloat16: {"atol": 1e-2, "rtol": 8e-3},
+    torch.float16: {"atol": 1e-3, "rtol": 1e-3},
+}
+
+
+def _inputs(num_tokens: int, hidden: int, dtype: torch.dtype, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(num_tokens, hidden, generator=g) * scale).to(dtype)
+        for scale in (3.0, 1.0, 0.5)
+    ]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_tokens", "hidden"), [(1, 64), (7, 576), (300, 576), (3, 80)])
+def test_rms_norm_matches_reference(dtype: torch.dtype, num_tokens: int, hidden: int) -> None:
+    x, _, w = _inputs(num_tokens, hidden, dtype, seed=0)
+    weight = w[0].contiguous()
+    got = torch.ops.quire_cpu.rms_norm(x, weight, 1e-5)
+    want = fused.rms_norm_reference(x, weight, 1e-5)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got, want, **NORM_TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens", [1, 64, 2048])
+def test_add_rms_norm_updates_both_in_place(dtype: torch.dtype, num_tokens: int) -> None:
+    x, residual, w = _inputs(num_tokens, 576, dtype, seed=1)
+    weight = w[0].contiguous()
+    want_x, want_residual = x.clone(), residual.clone()
+    fused.add_rms_norm_reference_(want_x, want_residual, weight, 1e-6)
+    torch.ops.quire_cpu.add_rms_norm_(x, residual, weight, 1e-6)
+    # the residual add is one rounding in the dtype, exactly torch's
+    assert torch.equal(residual, want_residual)
+    torch.testing.assert_close(x, want_x, **NORM_TOLERANCES[dtype])
+
+
+def test_norms_read_strided_rows() -> None:
+    base = torch.randn(5, 2 * 64)
+    x = base[:, :64]  # row stride 128
+    weight = torch.rand(64)
+    torch.testing.assert_close(
+        torch.ops.quire_cpu.rms_norm(x, weight, 1e-5), fused.rms_norm_reference(x, weight, 1e-5)
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 1, 128)])
+def test_rotary_is_bit_identical_on_views_of_fused_qkv(
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int
+) -> None:
+    rope = RotaryEmbedding(RopeConfig(theta=100000.0), head_dim, 4096, torch.device("cpu"))
+    g = torch.Generator().manual_seed(2)
+    num_tokens = 37
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, generator=g)
+    qkv = qkv.to(dtype)
+    positions = torch.randint(0, 4096, (num_tokens,), generator=g)
+
+    def views(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sizes = [num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim]
+        q, k, _ = t.split(sizes, dim=-1)
+        return q.view(-1, num_heads, head_dim), k.view(-1, num_kv_heads, head_dim)
+
+    want = qkv.clone()
+    fused.rotary_embedding_reference_(positions, *views(want), rope.cos, rope.sin)
+    got = qkv.clone()
+    torch.ops.quire_cpu.rotary_embedding_(positions, *views(got), rope.cos, rope.sin)
+    assert torch.equal(got, want)  # values included: rotary leaves them alone
+    assert not torch.equal(got, qkv)
+
+
+def test_results_do_not_depend_on_the_thread_count() -> None:
+    x, residual, w = _inputs(4096, 576, torch.float32, seed=3)
+    outs = []
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            xi, ri = x.clone(), residual.clone()
+            torch.ops.quire_cpu.add_rms_norm_(xi, ri, w[0].contiguous(), 1e-5)
+            outs.append(xi)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_rotary_position_out_of_range_raises() -> None:
+    rope = RotaryEmbedding(RopeConfig(), 64, 16, torch.device("cpu"))
+    q, k = torch.randn(2, 2, 64), torch.randn(2, 1, 64)
+    with pytest.raises(ValueError, match="positions must lie in"):
+        torch.ops.quire_cpu.rotary_embedding_(torch.tensor([3, 16]), q, k, rope.cos, rope.sin)
+
+
+def test_norm_misuse_raises() -> None:
+    with pytest.raises(ValueError, match="weight must be"):
+        torch.ops.quire_cpu.rms_norm(torch.randn(2, 8), torch.randn(4), 1e-5)
+    with pytest.raises(ValueError, match="share a dtype"):
+        torch.ops.quire_cpu.rms_norm(torch.randn(2, 8), torch.randn(8).half(), 1e-5)
