@@ -129,6 +129,7 @@ struct Tile {
 // kMaxTileRows or, if larger, one token's group_size rows.
 struct Scratch {
   std::vector<float> query;  // [rows, head_dim], pre-scaled
+  std::vector<c10::BFloat16> query_bf16;  // [rows, head_dim], as given (bf16 dot products)
   std::vector<float> acc;  // [rows, head_dim]
   std::vector<float> row_max, row_sum;  // [rows]
   std::vector<float> scores;  // [rows, block_size]: one block's scores, then its weights
@@ -136,6 +137,7 @@ struct Scratch {
 
   Scratch(int max_rows, int head_dim, int block_size)
       : query(static_cast<size_t>(max_rows) * head_dim),
+        query_bf16(static_cast<size_t>(max_rows) * head_dim),
         acc(static_cast<size_t>(max_rows) * head_dim),
         row_max(max_rows),
         row_sum(max_rows),
@@ -262,13 +264,52 @@ void score_block16_avx512(const float* q, int num_rows, const scalar_t* keys,
   }
 }
 
+// Whether this CPU has AVX512_BF16 (vdpbf16ps), checked once at run time: the library is
+// built for x86-64-v4, which does not include it.
+inline bool cpu_has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
+// score_block16_avx512 for bfloat16 caches with AVX512_BF16: vdpbf16ps multiplies pairs of
+// bf16 values exactly and adds them into float32 lanes, 32 values per instruction and no
+// widening. q holds the tile's unscaled bf16 query rows; scale multiplies the sums.
+template <int kHeadDim>
+__attribute__((target("avx512bf16"))) void score_block16_bf16(const c10::BFloat16* q,
+                                                              int num_rows,
+                                                              const c10::BFloat16* keys,
+                                                              int64_t key_stride, int num_keys,
+                                                              float scale, float* scores) {
+  static_assert(kHeadDim % 32 == 0, "head_dim must be a multiple of 32");
+  constexpr int kChunks = kHeadDim / 32;
+  const c10::BFloat16* key_rows[16];
+  for (int t = 0; t < 16; ++t) key_rows[t] = keys + std::min(t, num_keys - 1) * key_stride;
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  for (int row = 0; row < num_rows; ++row) {
+    const c10::BFloat16* q_row = q + static_cast<int64_t>(row) * kHeadDim;
+    __m512bh q_chunks[kChunks];
+    for (int c = 0; c < kChunks; ++c) {
+      q_chunks[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(q_row + 32 * c));
+    }
+    __m512 acc[16];
+    for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+    for (int c = 0; c < kChunks; ++c) {
+      for (int t = 0; t < 16; ++t) {
+        const __m512i k = _mm512_loadu_si512(key_rows[t] + 32 * c);
+        acc[t] = _mm512_dpbf16_ps(acc[t], q_chunks[c], reinterpret_cast<__m512bh>(k));
+      }
+    }
+    _mm512_storeu_ps(scores + row * 16, _mm512_mul_ps(scale_v, sum_lanes16(acc)));
+  }
+}
+
 // accumulate_values in AVX-512: the accumulator in registers, even and odd slots in two
 // sets of chains (halving the FMA latency chain), summed at the end.
-template <typename scalar_t, int kHeadDim>
+template <int kHeadDim>
 [[gnu::always_inline]] inline void accumulate_values_avx512(float* __restrict__ acc,
                                                           float rescale,
                                                           const float* __restrict__ weights,
-                                                          const scalar_t* values,
+                                                          const float* values,
                                                           int64_t value_stride,
                                                           int num_values) {
   constexpr int kChunks = kHeadDim / 16;
@@ -280,8 +321,8 @@ template <typename scalar_t, int kHeadDim>
   }
   int t = 0;
   for (; t + 2 <= num_values; t += 2) {
-    const scalar_t* v0 = values + t * value_stride;
-    const scalar_t* v1 = v0 + value_stride;
+    const float* v0 = values + t * value_stride;
+    const float* v1 = v0 + value_stride;
     const __m512 w0 = _mm512_set1_ps(weights[t]);
     const __m512 w1 = _mm512_set1_ps(weights[t + 1]);
     for (int c = 0; c < kChunks; ++c) {
@@ -290,7 +331,7 @@ template <typename scalar_t, int kHeadDim>
     }
   }
   if (t < num_values) {
-    const scalar_t* v0 = values + t * value_stride;
+    const float* v0 = values + t * value_stride;
     const __m512 w0 = _mm512_set1_ps(weights[t]);
     for (int c = 0; c < kChunks; ++c) {
       even[c] = _mm512_fmadd_ps(w0, load16(v0 + 16 * c), even[c]);
@@ -417,22 +458,18 @@ template <typename scalar_t>
   }
 }
 
-// accumulate_values, in AVX-512 where kVector (any cache dtype) or in plain C++ (float32).
-template <int kHeadDim, bool kVector, typename value_t>
+// accumulate_values, in AVX-512 where kVector, else in plain C++.
+template <int kHeadDim, bool kVector>
 [[gnu::always_inline]] inline void accumulate(float* acc, float rescale, const float* weights,
-                                              const value_t* values, int64_t value_stride,
+                                              const float* values, int64_t value_stride,
                                               int num_values, int head_dim) {
 #if defined(__AVX512F__)
   if constexpr (kVector) {
-    accumulate_values_avx512<value_t, kHeadDim>(acc, rescale, weights, values, value_stride,
-                                                num_values);
+    accumulate_values_avx512<kHeadDim>(acc, rescale, weights, values, value_stride, num_values);
     return;
   }
 #endif
-  if constexpr (std::is_same_v<value_t, float>) {
-    accumulate_values<kHeadDim>(acc, rescale, weights, values, value_stride, num_values,
-                                head_dim);
-  }
+  accumulate_values<kHeadDim>(acc, rescale, weights, values, value_stride, num_values, head_dim);
 }
 
 // kHeadDim, kBlockSize > 0 fix those sizes at compile time (unrolled inner loops, registers
@@ -445,6 +482,9 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   const int num_rows = tile.num_tokens * group;
   constexpr bool kCanTranspose = kHeadDim > 0 && kBlockSize > 0;
   constexpr bool kVector = kHasAvx512 && kBlockSize == 16 && kHeadDim > 0 && kHeadDim % 16 == 0;
+  // bf16 caches score with vdpbf16ps where the CPU has it (head_dim a multiple of 32)
+  constexpr bool kBf16Dot =
+      kVector && std::is_same_v<scalar_t, c10::BFloat16> && kHeadDim % 32 == 0;
   const bool transpose_keys = kCanTranspose && num_rows >= kMinRowsToTranspose;
 
   // query rows, widened and scaled: s.query[i * group + g, :] = scale * q[token i, head, :]
@@ -455,8 +495,12 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
       float* row = s.query.data() + static_cast<int64_t>(i * group + g) * head_dim;
 #pragma omp simd
       for (int d = 0; d < head_dim; ++d) row[d] = p.scale * to_float(q[d]);
+      if constexpr (kBf16Dot) {
+        std::copy_n(q, head_dim, s.query_bf16.data() + static_cast<int64_t>(i * group + g) * head_dim);
+      }
     }
   }
+  const bool bf16_dot = kBf16Dot && !transpose_keys && cpu_has_avx512_bf16();
   std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
   std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
   std::fill_n(s.row_sum.data(), num_rows, 0.0f);
@@ -494,8 +538,21 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
       }
     } else if constexpr (kVector) {
 #if defined(__AVX512F__)
-      score_block16_avx512<scalar_t, kHeadDim>(s.query.data(), num_rows, key_block,
-                                               p.cache_slot_stride, num_valid, s.scores.data());
+      if constexpr (kBf16Dot) {
+        if (bf16_dot) {
+          score_block16_bf16<kHeadDim>(s.query_bf16.data(), num_rows, key_block,
+                                       p.cache_slot_stride, num_valid, p.scale,
+                                       s.scores.data());
+        } else {
+          score_block16_avx512<scalar_t, kHeadDim>(s.query.data(), num_rows, key_block,
+                                                   p.cache_slot_stride, num_valid,
+                                                   s.scores.data());
+        }
+      } else {
+        score_block16_avx512<scalar_t, kHeadDim>(s.query.data(), num_rows, key_block,
+                                                 p.cache_slot_stride, num_valid,
+                                                 s.scores.data());
+      }
 #endif
     } else if constexpr (std::is_same_v<scalar_t, float>) {
       score_block<kHeadDim>(s.query.data(), num_rows, key_block, p.cache_slot_stride,
@@ -511,10 +568,10 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
                             head_dim, block_size, s.scores.data());
     }
 
-    // Values are read in place when they are float32, or when the vector path widens them
-    // as it goes (a decode tile's few rows); otherwise widened once into s.values.
-    const bool widen_values = !std::is_same_v<scalar_t, float> && !(kVector && !transpose_keys);
-    if (widen_values) {
+    // Values are read in place when they are float32, else widened once into s.values for
+    // all the tile's rows.
+    constexpr bool widen_values = !std::is_same_v<scalar_t, float>;
+    if constexpr (widen_values) {
       for (int t = 0; t < num_valid; ++t) {
         const scalar_t* v = value_block + t * p.cache_slot_stride;
         float* v_out = s.values.data() + static_cast<int64_t>(t) * head_dim;
@@ -540,10 +597,10 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
         s.row_sum[row] = s.row_sum[row] * rescale + block_sum;
         s.row_max[row] = new_max;
         float* acc = s.acc.data() + static_cast<int64_t>(row) * head_dim;
-        if (widen_values) {
+        if constexpr (widen_values) {
           accumulate<kHeadDim, kVector>(acc, rescale, weights, s.values.data(), head_dim,
                                         num_seen, head_dim);
-        } else if constexpr (kVector || std::is_same_v<scalar_t, float>) {
+        } else {
           accumulate<kHeadDim, kVector>(acc, rescale, weights, value_block,
                                         p.cache_slot_stride, num_seen, head_dim);
         }
