@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                     max_model_len=context_len,
                     label=f"vllm {name} {dtype}",
+                    num_threads=args.threads,
                 )
             static = continuous = HFRun(error=f"skipped (--hf-dtypes {' '.join(args.hf_dtypes)})")
             if dtype in args.hf_dtypes:

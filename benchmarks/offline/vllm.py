@@ -50,8 +50,13 @@ def run_vllm(
     max_num_batched_tokens: int,
     max_model_len: int,
     label: str,
+    num_threads: int | None = None,
 ) -> VLLMRun:
-    """Run the workload through vLLM in a child process; errors are reported, not raised."""
+    """Run the workload through vLLM in a child process; errors are reported, not raised.
+
+    num_threads: the worker's OpenMP threads, pinned to the first that many of this process's
+    cores (None: all of them), the same count Quire's torch runs with.
+    """
     try:
         vllm_env.ensure_installed()
     except vllm_env.PeerNotInstalledError as exc:
@@ -72,8 +77,13 @@ def run_vllm(
     print(f"{label}: {len(workload.prompts)} requests in vLLM (child process) ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="quire-bench-vllm-") as tmp:
         try:
+            cores = vllm_env.default_cores()
             result = vllm_env.run_vllm_offline(
-                spec, Path(tmp), kv_space_gib=kv_gib, timeout_s=TIMEOUT_S
+                spec,
+                Path(tmp),
+                cores=cores[:num_threads] if num_threads else cores,
+                kv_space_gib=kv_gib,
+                timeout_s=TIMEOUT_S,
             )
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             return VLLMRun(error=str(exc)[-3000:])

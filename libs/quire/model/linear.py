@@ -7,6 +7,10 @@ load (what vLLM's CPU backend does), and `torch.ops.mkldnn._linear_pointwise` th
 blocked weight. Results are the same kernel's, bit for bit (`benchmarks.linear_layouts`
 measures both). Float32 keeps `F.linear`: there the blocked layout is slower for one row and
 mixed for large batches on the machines measured, and float32 is the equivalence oracle.
+On the CPU, torch-backend weights are stored transposed, `[in_features, out_features]`, and
+the product is a plain `x @ W_t` (MKL's NN GEMM): `F.linear`'s NT GEMM repacks the weight on
+every call, which for decode's few rows costs more than the multiply (1.1-1.8x slower per
+layer at 4-64 rows, one thread; `benchmarks.linear_layouts` measures the layouts).
 
 `QUIRE_LINEAR_BACKEND` picks: `auto` (the default: oneDNN for bfloat16 on a CPU where torch has
 it, else torch), `onednn` (also float32; refused where unavailable) or `torch`.
@@ -57,8 +61,13 @@ class Linear:
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         self.onednn = onednn
+        # weight_t: [in_features, out_features] for the CPU's NN product, else None
+        self.weight_t: torch.Tensor | None = None
         if onednn:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size_hint)
+        elif weight.device.type == "cpu":
+            self.weight_t = weight.t().contiguous()
+            self.weight = self.weight_t.t()
         else:
             self.weight = weight
 
@@ -69,4 +78,8 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.weight_t is not None:
+            if self.bias is None:
+                return torch.mm(x, self.weight_t)
+            return torch.addmm(self.bias, x, self.weight_t)
         return F.linear(x, self.weight, self.bias)

@@ -54,3 +54,20 @@ def test_engine_tokens_do_not_depend_on_the_linear_backend(
         assert llm.engine.model.onednn is (backend == "onednn")
         outputs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, False)]
     assert outputs["onednn"] == outputs["torch"]
+
+
+@pytest.mark.parametrize("rows", [1, 4, 64, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_cpu_torch_linear_on_transposed_weights_matches_f_linear(
+    rows: int, with_bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 80, generator=gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    layer = Linear(weight, bias, onednn=False)
+    assert layer.weight_t is not None and layer.weight_t.shape == (80, 96)
+    assert layer.weight_t.is_contiguous()
+    wide = torch.randn(rows, 160, generator=gen)
+    for x in (wide[:, :80].contiguous(), wide[:, :80]):  # and a strided view
+        # another GEMM kernel, so the last bits may differ from F.linear's
+        torch.testing.assert_close(layer(x), F.linear(x, weight, bias), atol=1e-5, rtol=1e-5)
