@@ -1,8 +1,8 @@
 """Paged-attention and KV-cache kernels: Triton for CUDA, C++ for CPU, plain torch as oracle.
 
 Each public function picks its backend per call: Triton when the tensors are on CUDA; on the
-CPU the C++ kernels (cpp_attention.py) for attention when they are built (`make kernels-cpu`),
-else the torch reference (reference.py), which also does the cache writes and block copies.
+CPU the C++ kernels (cpp_attention.py) for attention and cache writes when they are built
+(`make kernels-cpu`), else the torch reference (reference.py), which also does block copies.
 QUIRE_KERNEL_BACKEND=auto|cpp|torch|triton overrides the choice; cpp needs the built library
 (and raises if it is missing), triton on CPU tensors needs TRITON_INTERPRET=1 set before the
 kernels are imported. Triton and the C++ library are loaded on first use only, so importing
@@ -36,7 +36,7 @@ _BACKENDS = ("auto", "cpp", "torch", "triton")
 def kernel_backend(device: torch.device) -> str:
     """The backend, "cpp", "torch" or "triton", that a call on tensors of this device uses.
 
-    "cpp" runs the attention kernels and the fused norm/rotary ops in C++; cache writes and
+    "cpp" runs the attention kernels, the cache write and the fused norm/rotary ops in C++;
     block copies stay in torch.
     """
     requested = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
@@ -60,10 +60,13 @@ def write_kv_cache(
     # key, value: [num_tokens, num_kv_heads, head_dim]
     # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
     # slot_mapping: [num_tokens] int64, slot = block_id * block_size + offset, distinct
-    if kernel_backend(key.device) == "triton":
+    backend = kernel_backend(key.device)
+    if backend == "triton":
         from quire.kernels import triton_cache
 
         triton_cache.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+    elif backend == "cpp":
+        cpp_attention.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     else:
         reference.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
 

@@ -135,3 +135,26 @@ def paged_prefill_attention(
         context_lens,
         float(scale),
     )
+
+
+def write_kv_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Scatter this step's keys and values into the paged cache in place (see reference.py)."""
+    # key, value: [num_tokens, num_kv_heads, head_dim], views with unit last stride allowed
+    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+    # slot_mapping: [num_tokens] int64
+    checks.check_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+    _check_cpu_layout(key, key_cache)
+    require_loaded()
+    torch.ops.quire_cpu.write_kv_cache_(
+        _unit_last_stride(key),
+        _unit_last_stride(value),
+        key_cache,
+        value_cache,
+        slot_mapping.contiguous(),
+    )

@@ -31,7 +31,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
-SOURCES = (_CSRC / "paged_attention_cpu.cpp", _CSRC / "fused_ops_cpu.cpp")
+SOURCES = tuple(
+    _CSRC / name for name in ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp", "cache_cpu.cpp")
+)
 BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "quire_kernels_cpu"
 LIBRARY_PATH = BUILD_DIR / "libquire_kernels_cpu.so"
 MANIFEST_PATH = BUILD_DIR / "manifest.json"

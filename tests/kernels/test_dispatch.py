@@ -75,13 +75,13 @@ def test_public_functions_route_to_backend(monkeypatch: pytest.MonkeyPatch, back
     kernels.paged_prefill_attention(tensor, tensor, tensor, tensor, tensor, tensor, 1.0)
     kernels.copy_blocks([tensor], [tensor], tensor)
 
-    # The C++ backend covers attention; cache writes and block copies stay in torch.
-    cache_backend = "torch" if backend == "cpp" else backend
+    # The C++ backend covers attention and cache writes; block copies stay in torch.
+    copy_backend = "torch" if backend == "cpp" else backend
     assert called == [
-        f"{cache_backend}.write_kv_cache",
+        f"{backend}.write_kv_cache",
         f"{backend}.paged_decode_attention",
         f"{backend}.paged_prefill_attention",
-        f"{cache_backend}.copy_blocks",
+        f"{copy_backend}.copy_blocks",
     ]
 
 

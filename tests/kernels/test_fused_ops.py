@@ -120,3 +120,29 @@ def test_norm_misuse_raises() -> None:
         torch.ops.quire_cpu.rms_norm(torch.randn(2, 8), torch.randn(4), 1e-5)
     with pytest.raises(ValueError, match="share a dtype"):
         torch.ops.quire_cpu.rms_norm(torch.randn(2, 8), torch.randn(8).half(), 1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cache_write_matches_reference_from_views_of_fused_qkv(dtype: torch.dtype) -> None:
+    from quire.kernels import reference
+
+    g = torch.Generator().manual_seed(4)
+    num_tokens, num_kv_heads, head_dim = 21, 3, 64
+    qkv = torch.randn(num_tokens, (9 + 2 * num_kv_heads) * head_dim, generator=g).to(dtype)
+    _, k, v = qkv.split([9 * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], -1)
+    k, v = k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)
+    shape = (8, 16, num_kv_heads, head_dim)
+    caches = [torch.full(shape, float("nan"), dtype=dtype) for _ in range(4)]
+    slots = torch.randperm(8 * 16, generator=g)[:num_tokens]
+    reference.write_kv_cache(k, v, caches[0], caches[1], slots)
+    cpp_attention.write_kv_cache(k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0].nan_to_num(7.0), caches[2].nan_to_num(7.0))
+    assert torch.equal(caches[1].nan_to_num(7.0), caches[3].nan_to_num(7.0))
+
+
+def test_cache_write_refuses_a_slot_out_of_range_before_writing() -> None:
+    cache = torch.zeros(2, 4, 1, 8)
+    values = torch.ones(2, 1, 8)
+    with pytest.raises(ValueError, match=r"slots outside \[0, 8\)"):
+        cpp_attention.write_kv_cache(values, values, cache, cache.clone(), torch.tensor([1, 8]))
+    assert not cache.any()
