@@ -172,3 +172,15 @@ def test_bad_parameters_are_400s_naming_the_field(
         client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, **kwargs)
     body = caught.value.body
     assert isinstance(body, dict) and body.get("param") == param
+
+
+def test_echo_and_best_of_number_choices_per_prompt(
+    client: openai.OpenAI, http: httpx.Client
+) -> None:
+    ids = _ids(http, "Token ids in")
+    out = client.completions.create(
+        model=MODEL, prompt=[ids, [*ids, 11]], max_tokens=2, n=2, best_of=3, echo=True, seed=1
+    )
+    assert [c.index for c in out.choices] == [0, 1, 2, 3]
+    assert all(c.text.startswith(_text(http, ids)) for c in out.choices[:2])
+    assert all(c.text.startswith(_text(http, [*ids, 11])) for c in out.choices[2:])
