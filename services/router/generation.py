@@ -234,10 +234,11 @@ class Generation:
         choices = []
         for i, run in enumerate(self.runs):
             prompt = self.prompt_info(i)
-            ranked = list(enumerate(run.outputs))
+            ranked = list(run.outputs)
             if n < self.n:
-                ranked.sort(key=lambda item: item[1].cumulative_logprob, reverse=True)
-            for j, (_, output) in enumerate(ranked[:n]):
+                # Stable: equal scores keep their output order.
+                ranked.sort(key=lambda output: output.cumulative_logprob, reverse=True)
+            for j, output in enumerate(ranked[:n]):
                 choices.append(ChoiceUpdate.whole(i * n + j, output, prompt))
         return choices
 
