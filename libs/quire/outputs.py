@@ -41,6 +41,9 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # One entry per prompt token when prompt_logprobs was asked for: None for the first,
+    # then token id -> Logprob (top-k plus the prompt token), as vLLM returns them.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 # --- what the engine core emits each step: deltas, never whole lists --------------------------
@@ -73,3 +76,6 @@ class RequestDelta:
     finished: bool  # every output sequence has finished
     num_prompt_tokens: int
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # Prompt tokens 1.. (token 0 has none), once, on the request's first delta after they
+    # are all computed; None otherwise or when not asked for.
+    prompt_logprobs: list[dict[int, Logprob]] | None = None

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # most top-k logprobs returned per token
 MAX_N = 128  # most parallel samples per request
 MAX_STOP_STRINGS = 16
+MAX_LOGIT_BIAS = 100.0  # |bias| added to a token's logit (OpenAI's and vLLM's range)
 # The float-valued fields: what codecs check for NaN/inf and copy when set.
 FLOAT_FIELDS = (
     "temperature",
@@ -41,6 +43,12 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # CTRL-style, over prompt + generated tokens, > 0
     include_stop_str_in_output: bool = False  # keep a matched stop string in the text
     skip_special_tokens: bool = True  # drop special tokens from the text
+    # token id -> bias in [-100, 100] added to its logit before sampling (greedy too);
+    # -100 bans a token in practice, +100 forces it. None or {} = no bias.
+    logit_bias: dict[int, float] | None = None
+    # top-k logprobs of every prompt token (plus the prompt token itself), vLLM's extra;
+    # None = not computed (the engine then computes logits at the last position only).
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -70,10 +78,49 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if self.prompt_logprobs is not None and not (
+            isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS
+        ):
+            raise ValueError(
+                f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], "
+                f"got {self.prompt_logprobs!r}"
+            )
+        self._check_logit_bias()
+
+    def _check_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise ValueError("logit_bias must be a mapping of token id to bias")
+        for token_id, bias in self.logit_bias.items():
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
+                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id!r}")
+            if (
+                isinstance(bias, bool)
+                or not isinstance(bias, int | float)
+                or not math.isfinite(bias)
+                or abs(bias) > MAX_LOGIT_BIAS
+            ):
+                raise ValueError(
+                    f"logit_bias values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
+                    f"{MAX_LOGIT_BIAS:g}], got {bias!r} for token {token_id}"
+                )
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """ValueError naming the field if a token id in the params is outside the vocab."""
+        for token_id in self.logit_bias or {}:
+            if token_id >= vocab_size:
+                raise ValueError(
+                    f"logit_bias token id {token_id} is outside the vocabulary (size {vocab_size})"
+                )
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def has_logit_bias(self) -> bool:
+        return bool(self.logit_bias)
 
     @property
     def has_penalties(self) -> bool:

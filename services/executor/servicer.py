@@ -111,7 +111,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                 num_prompt_tokens=len(prompt_token_ids),
                 **({"prompt_token_ids": prompt_token_ids} if self.log_prompts else {}),
             )
-            progress = _StreamProgress(params.n, params.logprobs or 0, self.log_prompts)
+            progress = _StreamProgress(params, prompt_token_ids, self.log_prompts)
             while not finished:
                 event = await events.get()
                 if isinstance(event, EngineFailure):
@@ -200,8 +200,13 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
 class _StreamProgress:
     """What one Generate stream has sent: per output its finish, and (for logs) its tokens."""
 
-    def __init__(self, n: int, num_top_logprobs: int, keep_token_ids: bool) -> None:
-        self.num_top_logprobs = num_top_logprobs
+    def __init__(
+        self, params: SamplingParams, prompt_token_ids: list[int], keep_token_ids: bool
+    ) -> None:
+        n = params.n
+        self.num_top_logprobs = params.logprobs or 0
+        self.num_prompt_top_logprobs = params.prompt_logprobs or 0
+        self.prompt_token_ids = prompt_token_ids
         self.num_output_tokens = 0
         # Kept only when prompts and outputs are logged; otherwise the count is enough.
         self.token_ids: list[list[int]] | None = [[] for _ in range(n)] if keep_token_ids else None
@@ -216,7 +221,9 @@ class _StreamProgress:
                 self.token_ids[seq.index].extend(seq.new_token_ids)
             if seq.finish_reason is not None:
                 self.finish_reasons[seq.index] = seq.finish_reason
-        return delta_to_proto(delta, self.num_top_logprobs)
+        return delta_to_proto(
+            delta, self.num_top_logprobs, self.prompt_token_ids, self.num_prompt_top_logprobs
+        )
 
     def aborted(self, num_prompt_tokens: int) -> pb.GenerateResponse:
         unfinished = [i for i, reason in enumerate(self.finish_reasons) if reason is None]

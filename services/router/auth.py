@@ -1,5 +1,5 @@
-"""Optional API keys: `Authorization: Bearer <key>` on /v1/*, /dashboard/state and
-/cluster/status.
+"""Optional API keys: `Authorization: Bearer <key>` on /v1/*, /tokenize, /detokenize,
+/dashboard/state and /cluster/status.
 
 Keys come from `--api-keys` (env QUIRE_API_KEYS, comma separated) and/or `--api-keys-file`
 (one key a line; blank lines and `#` comments skipped). The file is read at start (a missing
@@ -34,7 +34,9 @@ ANONYMOUS = "anonymous"  # the key id of requests when auth is off
 # no key, and say nothing about prompts; /dashboard is a static page (its data, in
 # /dashboard/state, is protected).
 _PROTECTED_PREFIX = "/v1/"
-_PROTECTED_PATHS = frozenset({"/v1", "/dashboard/state", "/cluster/status"})
+_PROTECTED_PATHS = frozenset(
+    {"/v1", "/dashboard/state", "/cluster/status", "/tokenize", "/detokenize"}
+)
 
 
 def key_id(key: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -35,6 +35,18 @@ class PromptRun:
     outputs: list[SequenceText]
     num_prompt_tokens: int
     num_cached_tokens: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
+    # Prompt tokens 1.. (token 0 has none), once the executor sent them (prompt_logprobs).
+    prompt_logprobs: list[dict[int, Logprob]] | None = None
+
+
+@dataclass(frozen=True)
+class PromptInfo:
+    """A choice's prompt, for echo and prompt logprobs: sent with its first update."""
+
+    token_ids: list[int]
+    # One per token 1.. of the prompt when they were asked for (token 0 has none).
+    logprobs: list[dict[int, Logprob]] | None
 
 
 @dataclass(frozen=True)
@@ -49,11 +61,13 @@ class ChoiceUpdate:
     num_logprobs: int  # top alternatives asked for per token
     finish_reason: str | None  # set once, on the update that finishes the choice
     stop_reason: int | str | None
+    prompt: PromptInfo | None = None  # on a choice's first update (and whole choices)
 
     @classmethod
-    def whole(cls, index: int, output: SequenceText) -> ChoiceUpdate:
+    def whole(cls, index: int, output: SequenceText, prompt: PromptInfo) -> ChoiceUpdate:
         """The whole choice, for a response that is not streamed."""
         return cls(
+            prompt=prompt,
             index=index,
             text=output.text,
             token_ids=output.token_ids,
@@ -87,6 +101,7 @@ class Generation:
         self.log_outputs = log_outputs  # log every choice's text once the request ends
         self.choices: list[SequenceText] = [o for run in runs for o in run.outputs]
         self._finish_sent: set[int] = set()
+        self._first_sent: set[int] = set()
 
     @property
     def executor_ids(self) -> str:
@@ -105,9 +120,12 @@ class Generation:
         if response.num_prompt_tokens:
             run.num_prompt_tokens = response.num_prompt_tokens
         run.num_cached_tokens = max(run.num_cached_tokens, response.num_cached_tokens)
+        request_delta = delta_from_proto(run.stream.request_id, response)
+        if request_delta.prompt_logprobs is not None and run.prompt_logprobs is None:
+            run.prompt_logprobs = request_delta.prompt_logprobs
         touched = []
         stopped = []
-        for delta in delta_from_proto(run.stream.request_id, response).outputs:
+        for delta in request_delta.outputs:
             if delta.index >= self.n:
                 continue
             if run.outputs[delta.index].add(delta):
@@ -182,6 +200,10 @@ class Generation:
                     self._finish_sent.add(index)
                 if not text and finish is None and not logprobs:
                     continue
+                prompt = None
+                if index not in self._first_sent:
+                    self._first_sent.add(index)
+                    prompt = self.prompt_info(index // self.n)
                 updates.append(
                     ChoiceUpdate(
                         index=index,
@@ -192,14 +214,41 @@ class Generation:
                         num_logprobs=output.num_logprobs,
                         finish_reason=finish,
                         stop_reason=output.stop_reason if finish else None,
+                        prompt=prompt,
                     )
                 )
             if updates:
                 yield updates
 
-    def whole_choices(self) -> list[ChoiceUpdate]:
-        """Every choice in full (once `run_to_end` has returned)."""
-        return [ChoiceUpdate.whole(i, output) for i, output in enumerate(self.choices)]
+    def prompt_info(self, run_index: int) -> PromptInfo:
+        run = self.runs[run_index]
+        return PromptInfo(run.prompt_token_ids, run.prompt_logprobs)
+
+    def whole_choices(self, n: int | None = None) -> list[ChoiceUpdate]:
+        """Every choice in full (once `run_to_end` has returned).
+
+        With `n` below the request's outputs per prompt (best_of), only each prompt's `n`
+        outputs of highest cumulative logprob, best first, numbered `i * n + j`.
+        """
+        n = n or self.n
+        choices = []
+        for i, run in enumerate(self.runs):
+            prompt = self.prompt_info(i)
+            ranked = list(run.outputs)
+            if n < self.n:
+                # Stable: equal scores keep their output order.
+                ranked.sort(key=lambda output: output.cumulative_logprob, reverse=True)
+            for j, output in enumerate(ranked[:n]):
+                choices.append(ChoiceUpdate.whole(i * n + j, output, prompt))
+        return choices
+
+    def usage_of(self, n: int | None = None) -> Usage:
+        """Usage counting only the choices returned (best_of: the best n, as vLLM counts)."""
+        usage = self.usage()
+        if n is None or n >= self.n:
+            return usage
+        completion = sum(len(c.token_ids) for c in self.whole_choices(n))
+        return replace(usage, completion_tokens=completion)
 
     def _log_outputs(self) -> None:
         if self.log_outputs:
@@ -258,6 +307,7 @@ async def start_generation(
             stream=s,
             outputs=[SequenceText(tokenizer, ids, params, stream) for _ in range(params.n)],
             num_prompt_tokens=len(ids),
+            prompt_token_ids=ids,
         )
         for s, ids in zip(streams, prompts, strict=True)
     ]

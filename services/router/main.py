@@ -13,7 +13,7 @@ from services.router.body_limits import BodyLimitMiddleware
 from services.router.deps import count_request
 from services.router.errors import install_error_handlers
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
-from services.router.routes import chat, completions, dashboard, models, ops
+from services.router.routes import chat, completions, dashboard, models, ops, tokenize
 from services.router.settings import RouterSettings
 from services.router.sse import ClientDisconnected, client_closed
 from services.router.state import RouterState
@@ -51,4 +51,5 @@ def create_app(settings: RouterSettings | None = None) -> FastAPI:
     for module in (completions, chat, ops, dashboard):
         app.include_router(module.router)
     app.include_router(models.router, dependencies=[Depends(count_request)])
+    app.include_router(tokenize.router, dependencies=[Depends(count_request)])
     return app

@@ -46,11 +46,19 @@ class PromptProcessor:
             "prompt",
         )
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Render the chat template (with the generation prompt) and tokenize it."""
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+    ) -> list[int]:
+        """Render the chat template (by default with the generation prompt) and tokenize it."""
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
             )
         except Exception as exc:  # jinja errors carry the template's own message
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc

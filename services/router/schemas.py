@@ -9,6 +9,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
     model_validator,
@@ -17,6 +18,7 @@ from pydantic_core import PydanticCustomError
 
 from quire.sampling_params import (
     FLOAT_FIELDS,
+    MAX_LOGIT_BIAS,
     MAX_LOGPROBS,
     MAX_N,
     MAX_STOP_STRINGS,
@@ -33,7 +35,6 @@ MAX_TOP_K = 2**31 - 1
 # sets one (to anything but an "off" value) is a 400 naming it. Other unknown fields are
 # ignored, as OpenAI does.
 UNSUPPORTED_FIELDS = (
-    "logit_bias",
     "response_format",
     "tools",
     "tool_choice",
@@ -76,6 +77,11 @@ class SamplingRequest(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
+    # OpenAI's: token id (a string key in JSON) -> bias in [-100, 100] added to its logit.
+    # Values are checked by the validator, so every error names logit_bias itself.
+    logit_bias: dict[str, Any] | None = None
+    # vLLM's extra: top-k logprobs of every prompt token (not with stream, as in vLLM).
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @model_validator(mode="before")
     @classmethod
@@ -102,6 +108,33 @@ class SamplingRequest(BaseModel):
                 raise ValueError(f"a stop string is at most {MAX_STOP_CHARS} characters")
         return value
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key, bias in (value or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"keys must be token ids (non-negative integers), got {key!r}")
+            if int(key) > MAX_TOKEN_ID:
+                raise ValueError(f"token id {key} is larger than {MAX_TOKEN_ID}")
+            if isinstance(bias, bool) or not isinstance(bias, int | float):
+                raise ValueError(f"the bias of token {key} must be a number, got {bias!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"the bias of token {key} must be in [-{MAX_LOGIT_BIAS:g}, "
+                    f"{MAX_LOGIT_BIAS:g}], got {bias:g}"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _check_prompt_logprobs_not_streamed(self) -> SamplingRequest:
+        if self.stream and self.prompt_logprobs is not None:
+            raise PydanticCustomError(
+                "prompt_logprobs_stream",
+                "prompt_logprobs are not available when stream is true",
+                {"param": "prompt_logprobs"},
+            )
+        return self
+
     @field_validator("stop_token_ids")
     @classmethod
     def _check_stop_token_ids(cls, value: list[int] | None) -> list[int] | None:
@@ -116,11 +149,19 @@ class SamplingRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """The engine's SamplingParams; ValueError names the field that is out of range."""
+    def sampling_params(
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        prompt_logprobs: int | None = None,
+        n: int | None = None,
+    ) -> SamplingParams:
+        """The engine's SamplingParams; ValueError names the field that is out of range.
+
+        `prompt_logprobs` and `n` replace the body's (echo with logprobs, best_of)."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         values: dict[str, Any] = {
-            "n": self.n,
+            "n": n or self.n,
             "top_k": None if self.top_k in (None, -1) else self.top_k,
             "seed": self.seed,
             "max_tokens": max_tokens,
@@ -130,6 +171,8 @@ class SamplingRequest(BaseModel):
             "logprobs": logprobs,
             "include_stop_str_in_output": self.include_stop_str_in_output,
             "skip_special_tokens": self.skip_special_tokens,
+            "logit_bias": {int(k): float(v) for k, v in (self.logit_bias or {}).items()} or None,
+            "prompt_logprobs": self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
         }
         for name in FLOAT_FIELDS:
             if getattr(self, name) is not None:
@@ -141,9 +184,26 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    echo: bool = False  # the returned text (and logprobs) start with the prompt
     suffix: str | None = None
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)  # candidates; the best n by logprob
+
+    @model_validator(mode="after")
+    def _check_best_of(self) -> CompletionRequest:
+        if self.best_of is not None:
+            if self.best_of < self.n:
+                raise PydanticCustomError(
+                    "best_of",
+                    "best_of must be greater than or equal to n, got n={n} and best_of={best_of}",
+                    {"param": "best_of", "n": self.n, "best_of": self.best_of},
+                )
+            if self.stream and self.best_of != self.n:
+                raise PydanticCustomError(
+                    "best_of_stream",
+                    "best_of different from n is not supported when stream is true",
+                    {"param": "best_of"},
+                )
+        return self
 
 
 class TextPart(BaseModel):
@@ -210,7 +270,32 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
+class PromptLogprob(BaseModel):
+    """vLLM's shape of one alternative of a prompt token."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One entry per prompt token: None for the first, then token id -> its logprob.
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
+class _PromptLogprobsWhenAsked(BaseModel):
+    """`prompt_logprobs` appears on the wire only when asked for (OpenAI's objects lack it)."""
+
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's extra, when asked for
+
+    @model_serializer(mode="wrap")
+    def _drop_unasked(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if self.prompt_logprobs is None:
+            data.pop("prompt_logprobs", None)
+        return data
+
+
+class CompletionChoice(_PromptLogprobsWhenAsked):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
@@ -259,7 +344,7 @@ class ChatChoice(BaseModel):
     stop_reason: str | int | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(_PromptLogprobsWhenAsked):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=now)
@@ -296,6 +381,53 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
     system_fingerprint: str | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize: a `prompt`, or chat `messages` rendered by the template."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    # Default: True for a prompt, False for messages (the chat template writes them).
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True  # messages only
+    continue_final_message: bool = False  # messages only: leave the last turn open
+    return_token_strs: bool = False  # also each token's string
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise PydanticCustomError(
+                "tokenize_input", "give exactly one of prompt and messages", {"param": "prompt"}
+            )
+        if self.messages is not None and self.add_generation_prompt and self.continue_final_message:
+            raise PydanticCustomError(
+                "tokenize_input",
+                "continue_final_message and add_generation_prompt cannot both be true",
+                {"param": "continue_final_message"},
+            )
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):

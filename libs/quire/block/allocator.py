@@ -26,7 +26,7 @@ Processing order inside one call (every implementation must follow it):
                    a sequence that would have to preempt itself is preempted.
 5. `admits`     -- in FCFS order: look up the longest cached prefix of full
                    blocks (never the whole prompt: the last token is always
-                   recomputed), then allocate blocks for every remaining token.
+                   recomputed; no lookup for `skip_prefix_cache`), then allocate blocks for every remaining token.
                    The first admit that does not fit stops admission; it and all
                    after it are listed in `not_admitted`, holding nothing. If any
                    sequence was preempted in this call, no admit is processed
@@ -48,6 +48,9 @@ class AdmitRequest:
     token_ids: tuple[int, ...]
     # Mixed into the first block's hash: model id, LoRA id, ... ("" for none).
     extra_key: str = ""
+    # Read nothing from the prefix cache (every token is computed; its full blocks are still
+    # registered once written): a request that needs logits at every prompt position.
+    skip_prefix_cache: bool = False
 
 
 @dataclass(frozen=True)

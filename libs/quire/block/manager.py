@@ -183,6 +183,8 @@ class BlockManager:
             extend_block_hashes(block_hashes, token_ids, self.block_size, admit.extra_key)
             # At least the last token is recomputed: its logits start decoding.
             max_hit_blocks = (len(token_ids) - 1) // self.block_size
+            if admit.skip_prefix_cache:
+                max_hit_blocks = 0
             for block_hash in block_hashes[:max_hit_blocks]:
                 block_id = self.pool.lookup(block_hash)
                 if block_id is None:

@@ -99,6 +99,7 @@ class LLMEngine:
             raise ValueError("sampling_params must be a SamplingParams")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        params.check_vocab(self.model.config.vocab_size)
         text, ids = self.tokenize(prompt)
         check_prompt_fits(len(ids), self.max_model_len, self.config.block_size, self.allocator)
         arrival = next(self._arrivals)

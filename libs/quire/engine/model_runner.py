@@ -8,11 +8,19 @@ sequence (the engine's update part applies it).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 import quire.kernels as kernels
+from quire.engine.prompt_logprobs import (
+    LOGITS_SLICE_ROWS,
+    PromptLogprobsChunk,
+    PromptSpan,
+    logprobs_of_targets,
+    prompt_span,
+)
 from quire.engine.sampler import SampleRow, sample
 from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
@@ -46,6 +54,8 @@ class ModelRunnerOutput:
     sampled: list[SampledToken]
     forward_s: float  # copies, inputs and the forward pass (logits included)
     sample_s: float
+    # Prompt logprobs computed this step (requests that asked for them, in chunk order).
+    prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
 
 
 class ModelRunner:
@@ -78,16 +88,28 @@ class ModelRunner:
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step's tokens through the model and sample every due output."""
         started = time.perf_counter()
-        logits = self.compute_logits(step)
+        logits, prompt_logprobs = self.compute_logits(step)
         forwarded = time.perf_counter()
         sampled = _sample(logits, [s for s in step.scheduled if s.samples])
-        return ModelRunnerOutput(sampled, forwarded - started, time.perf_counter() - forwarded)
+        return ModelRunnerOutput(
+            sampled, forwarded - started, time.perf_counter() - forwarded, prompt_logprobs
+        )
 
-    def compute_logits(self, step: SchedulerOutput) -> torch.Tensor:
-        """Logits `[num_sampling_seqs, vocab]` float32, rows in `step.scheduled` order."""
+    def compute_logits(
+        self, step: SchedulerOutput
+    ) -> tuple[torch.Tensor, list[PromptLogprobsChunk]]:
+        """Logits `[num_sampling_seqs, vocab]` float32, rows in `step.scheduled` order, and
+        the prompt logprobs of the chunks that need them."""
+        vocab = self.model.config.vocab_size
         if self.skip_forward:
             num_rows = sum(s.samples for s in step.scheduled)
-            return torch.zeros(num_rows, self.model.config.vocab_size, device=self.device)
+            skip_spans = [span for s in step.scheduled if (span := prompt_span(s, 0)) is not None]
+
+            def zeros(rows: torch.Tensor) -> torch.Tensor:
+                return torch.zeros(rows.numel(), vocab, device=self.device)
+
+            prompt = _prompt_logprobs(skip_spans, zeros, self.device)
+            return torch.zeros(num_rows, vocab, device=self.device), prompt
         if step.copies:
             mapping = torch.tensor(step.copies, dtype=torch.int64, device=self.device)
             kernels.copy_blocks(
@@ -99,8 +121,11 @@ class ModelRunner:
         cu_query_lens = [0]
         context_lens: list[int] = []
         sample_rows: list[int] = []
+        spans: list[PromptSpan] = []
         bs = self.block_size
         for s in step.scheduled:
+            if (span := prompt_span(s, cu_query_lens[-1])) is not None:
+                spans.append(span)
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             input_ids.extend(s.seq.token_ids[start:end])
             positions.extend(range(start, end))
@@ -126,9 +151,31 @@ class ModelRunner:
         hidden = self.model.forward(
             t(input_ids, torch.int64), t(positions, torch.int64), self.kv_caches, meta
         )
+        prompt = _prompt_logprobs(
+            spans, lambda rows: self.model.compute_logits(hidden[rows]), self.device
+        )
         if not sample_rows:
-            return hidden.new_empty((0, self.model.config.vocab_size), dtype=torch.float32)
-        return self.model.compute_logits(hidden[t(sample_rows, torch.int64)])
+            return hidden.new_empty((0, vocab), dtype=torch.float32), prompt
+        return self.model.compute_logits(hidden[t(sample_rows, torch.int64)]), prompt
+
+
+def _prompt_logprobs(
+    spans: list[PromptSpan],
+    logits_of: Callable[[torch.Tensor], torch.Tensor],
+    device: torch.device,
+) -> list[PromptLogprobsChunk]:
+    """Each span's logits, a slice of rows at a time, scored against its prompt tokens."""
+    chunks = []
+    for span in spans:
+        k = span.request.params.prompt_logprobs or 0
+        targets = span.target_token_ids
+        logprobs: list[dict[int, Logprob]] = []
+        for lo in range(0, span.num_positions, LOGITS_SLICE_ROWS):
+            hi = min(lo + LOGITS_SLICE_ROWS, span.num_positions)
+            rows = torch.arange(span.first_row + lo, span.first_row + hi, device=device)
+            logprobs += logprobs_of_targets(logits_of(rows), targets[lo:hi], k)
+        chunks.append(PromptLogprobsChunk(span.request, span.start, logprobs))
+    return chunks
 
 
 def _sample(logits: torch.Tensor, due: list[ScheduledSeq]) -> list[SampledToken]:

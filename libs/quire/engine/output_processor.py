@@ -132,6 +132,7 @@ class _RequestState:
     prompt_token_ids: list[int]
     outputs: list[SequenceText]
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass
@@ -176,6 +177,8 @@ class OutputProcessor:
             if state is None:
                 continue  # aborted here, or already finished by a stop string
             state.num_cached_tokens = delta.num_cached_tokens
+            if delta.prompt_logprobs is not None:
+                state.prompt_logprobs = [None, *delta.prompt_logprobs]
             stopped = [d.index for d in delta.outputs if state.outputs[d.index].add(d)]
             if stopped:
                 result.stopped.append((delta.request_id, stopped))
@@ -189,6 +192,7 @@ class OutputProcessor:
                         outputs=[o.completion(i) for i, o in enumerate(state.outputs)],
                         finished=True,
                         num_cached_tokens=state.num_cached_tokens,
+                        prompt_logprobs=state.prompt_logprobs,
                     )
                 )
         return result

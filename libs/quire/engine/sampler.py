@@ -1,4 +1,4 @@
-"""Batched sampling: penalties, temperature, top-k/top-p/min-p, seeded draws, logprobs."""
+"""Batched sampling: penalties, logit bias, temperature, top-k/top-p/min-p, seeded draws, logprobs."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from quire.engine.logits_processors import apply_logit_bias
 from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
 
@@ -36,6 +37,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[SampleResult]:
     """Pick one token per row of `logits` `[num_rows, vocab]` (float32)."""
     raw_logprobs = torch.log_softmax(logits, dim=-1)
     logits = _apply_penalties(logits, rows)
+    logits = apply_logit_bias(logits, [r.params.logit_bias for r in rows])
     token_ids = logits.argmax(dim=-1)  # greedy rows keep this
     random_idx = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if random_idx:

@@ -166,7 +166,13 @@ class Scheduler:
                 for s in self.running
             ),
             admits=tuple(
-                AdmitRequest(s.seq_id, tuple(s.token_ids), self.config.extra_key) for s in admits
+                AdmitRequest(
+                    s.seq_id,
+                    tuple(s.token_ids),
+                    self.config.extra_key,
+                    skip_prefix_cache=s.request.needs_prompt_logprobs,
+                )
+                for s in admits
             ),
         )
         started = time.perf_counter()

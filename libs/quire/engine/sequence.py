@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
 
 
@@ -80,10 +81,21 @@ class Request:
     # One per output index, seeded at arrival (None for greedy): output i draws from
     # generators[i] from its first token on, forked or not.
     generators: list[torch.Generator | None] = field(default_factory=list)
+    # Prompt tokens 1.. their logprobs so far (params.prompt_logprobs set; token 0 has none).
+    prompt_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
+    prompt_logprobs_sent: bool = False  # already in a RequestDelta
 
     def __post_init__(self) -> None:
         if not self.generators:
             self.generators = [None] * self.params.n
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt logprobs were asked for and some are still to be computed."""
+        return (
+            self.params.prompt_logprobs is not None
+            and len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1
+        )
 
     def is_finished(self) -> bool:
         return len(self.seqs) == self.params.n and all(s.is_finished() for s in self.seqs)

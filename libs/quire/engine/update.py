@@ -1,7 +1,7 @@
 """The step's last part: apply a `ModelRunnerOutput` to the sequences, emit per-step deltas.
 
 In order: every scheduled chunk's tokens count as computed (and are committed to the
-allocator), n>1 requests fork on their first token, each sampled token is appended, and a
+allocator), prompt logprobs computed this step join their request's, n>1 requests fork on their first token, each sampled token is appended, and a
 sequence stops on EOS, one of its stop token ids or a length limit. Stop strings are not the
 engine core's: the output processor owns text and ends a sequence through
 `LLMEngine.finish_sequences`.
@@ -32,6 +32,9 @@ def update_from_output(
     for s in step.scheduled:
         s.seq.num_computed_tokens += s.num_new_tokens
         scheduler.commit(s.seq)
+    for chunk in output.prompt_logprobs:
+        if chunk.start == len(chunk.request.prompt_logprobs):
+            chunk.request.prompt_logprobs.extend(chunk.logprobs)
     # Children copy their parent's tokens before the parent's first output is appended.
     targets = [_fork(scheduler, t) if t.index != t.seq.index else t.seq for t in output.sampled]
     touched: dict[str, tuple[Request, list[SequenceDelta]]] = {}
@@ -42,12 +45,22 @@ def update_from_output(
 
 
 def request_delta(request: Request, deltas: list[SequenceDelta]) -> RequestDelta:
+    """The request's delta; its prompt logprobs ride on the first one after they are done."""
+    prompt_logprobs = None
+    if (
+        request.params.prompt_logprobs is not None
+        and not request.prompt_logprobs_sent
+        and not request.needs_prompt_logprobs
+    ):
+        prompt_logprobs = list(request.prompt_logprobs)
+        request.prompt_logprobs_sent = True
     return RequestDelta(
         request_id=request.request_id,
         outputs=deltas,
         finished=request.is_finished(),
         num_prompt_tokens=len(request.prompt_token_ids),
         num_cached_tokens=request.num_cached_tokens,
+        prompt_logprobs=prompt_logprobs,
     )
 
 

@@ -24,13 +24,22 @@ _PLAIN_FIELDS = (
     "frequency_penalty",
 )
 # `optional` on the wire: unset means the engine's default.
-_OPTIONAL_FIELDS = ("temperature", "top_p", "repetition_penalty", "logprobs", "seed")
+_OPTIONAL_FIELDS = (
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+    "logprobs",
+    "seed",
+    "prompt_logprobs",
+)
 
 
 def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
     """The engine-side part of `params` as the wire message (text settings left out)."""
     wire = pb.SamplingParams(n=params.n, max_tokens=params.max_tokens, top_k=params.top_k or 0)
     wire.stop_token_ids.extend(params.stop_token_ids)
+    if params.logit_bias:
+        wire.logit_bias.update(params.logit_bias)
     for name in _PLAIN_FIELDS:
         setattr(wire, name, getattr(params, name))
     for name in _OPTIONAL_FIELDS:
@@ -56,6 +65,8 @@ def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         "max_tokens": msg.max_tokens or defaults.max_tokens,
         "top_k": msg.top_k or None,
         "stop_token_ids": list(msg.stop_token_ids),
+        # SamplingParams checks the range (NaN and infinities included).
+        "logit_bias": dict(msg.logit_bias) or None,
     }
     for name in _PLAIN_FIELDS:
         values[name] = getattr(msg, name)
@@ -64,14 +75,27 @@ def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
     return SamplingParams(**values)  # type: ignore[arg-type]
 
 
-def delta_to_proto(delta: RequestDelta, num_top_logprobs: int) -> pb.GenerateResponse:
-    """One step's delta of a request as its Generate stream's next message."""
-    return pb.GenerateResponse(
+def delta_to_proto(
+    delta: RequestDelta,
+    num_top_logprobs: int,
+    prompt_token_ids: list[int] | None = None,
+    num_prompt_top_logprobs: int = 0,
+) -> pb.GenerateResponse:
+    """One step's delta of a request as its Generate stream's next message.
+
+    Prompt logprobs entry j scores prompt token j + 1 (`prompt_token_ids` names them).
+    """
+    msg = pb.GenerateResponse(
         outputs=[_sequence_to_proto(s, num_top_logprobs) for s in delta.outputs],
         finished=delta.finished,
         num_prompt_tokens=delta.num_prompt_tokens,
         num_cached_tokens=delta.num_cached_tokens,
     )
+    if delta.prompt_logprobs:
+        assert prompt_token_ids is not None, "prompt logprobs need the prompt's token ids"
+        for token_id, top in zip(prompt_token_ids[1:], delta.prompt_logprobs, strict=True):
+            msg.prompt_logprobs.append(_token_logprobs(token_id, top, num_prompt_top_logprobs))
+    return msg
 
 
 def aborted_response(
@@ -93,6 +117,7 @@ def delta_from_proto(request_id: str, msg: pb.GenerateResponse) -> RequestDelta:
         finished=msg.finished,
         num_prompt_tokens=msg.num_prompt_tokens,
         num_cached_tokens=msg.num_cached_tokens,
+        prompt_logprobs=[_token_logprobs_from_proto(lp) for lp in msg.prompt_logprobs] or None,
     )
 
 
@@ -107,29 +132,33 @@ def _sequence_to_proto(seq: SequenceDelta, k: int) -> pb.CompletionDelta:
         msg.stop_token_id = seq.stop_reason
     if seq.new_logprobs is not None:
         for token_id, top in zip(seq.new_token_ids, seq.new_logprobs, strict=True):
-            # The sampler puts the top-k first, then the sampled token if it was not among them.
-            msg.logprobs.append(
-                pb.TokenLogprobs(
-                    token_id=token_id,
-                    logprob=top[token_id].logprob,
-                    rank=top[token_id].rank,
-                    top=[
-                        pb.TopLogprob(token_id=t, logprob=lp.logprob, rank=lp.rank)
-                        for t, lp in list(top.items())[:k]
-                    ],
-                )
-            )
+            msg.logprobs.append(_token_logprobs(token_id, top, k))
     return msg
+
+
+def _token_logprobs(token_id: int, top: dict[int, Logprob], k: int) -> pb.TokenLogprobs:
+    # The engine puts the top-k first, then the chosen token if it was not among them.
+    return pb.TokenLogprobs(
+        token_id=token_id,
+        logprob=top[token_id].logprob,
+        rank=top[token_id].rank,
+        top=[
+            pb.TopLogprob(token_id=t, logprob=lp.logprob, rank=lp.rank)
+            for t, lp in list(top.items())[:k]
+        ],
+    )
+
+
+def _token_logprobs_from_proto(lp: pb.TokenLogprobs) -> dict[int, Logprob]:
+    top = {t.token_id: Logprob(t.logprob, t.rank) for t in lp.top}
+    top.setdefault(lp.token_id, Logprob(lp.logprob, lp.rank))
+    return top
 
 
 def _sequence_from_proto(msg: pb.CompletionDelta) -> SequenceDelta:
     logprobs = None
     if msg.logprobs:
-        logprobs = []
-        for lp in msg.logprobs:
-            top = {t.token_id: Logprob(t.logprob, t.rank) for t in lp.top}
-            top.setdefault(lp.token_id, Logprob(lp.logprob, lp.rank))
-            logprobs.append(top)
+        logprobs = [_token_logprobs_from_proto(lp) for lp in msg.logprobs]
     return SequenceDelta(
         index=msg.index,
         new_token_ids=list(msg.token_ids),

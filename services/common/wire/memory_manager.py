@@ -34,7 +34,12 @@ def step_to_proto(executor_id: str, epoch: int, step: StepAllocation) -> pb.Step
         frees=list(step.frees),
         appends=[pb.Append(seq_id=a.seq_id, token_ids=a.token_ids) for a in step.appends],
         admits=[
-            pb.Admit(seq_id=a.seq_id, token_ids=a.token_ids, extra_key=a.extra_key)
+            pb.Admit(
+                seq_id=a.seq_id,
+                token_ids=a.token_ids,
+                extra_key=a.extra_key,
+                skip_prefix_cache=a.skip_prefix_cache,
+            )
             for a in step.admits
         ],
     )
@@ -48,7 +53,8 @@ def step_from_proto(request: pb.StepRequest) -> StepAllocation:
         frees=tuple(request.frees),
         appends=tuple(AppendRequest(a.seq_id, tuple(a.token_ids)) for a in request.appends),
         admits=tuple(
-            AdmitRequest(a.seq_id, tuple(a.token_ids), a.extra_key) for a in request.admits
+            AdmitRequest(a.seq_id, tuple(a.token_ids), a.extra_key, a.skip_prefix_cache)
+            for a in request.admits
         ),
     )
 

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from services.router.deps import StateDep
 from services.router.errors import bad_request
 from services.router.generation import ChoiceUpdate
-from services.router.logprobs import chat_logprobs
+from services.router.logprobs import chat_logprobs, prompt_logprobs
 from services.router.routes.generate import build_params, new_id, serve_generation
 from services.router.schemas import (
     ChatChoice,
@@ -21,6 +21,7 @@ from services.router.schemas import (
     ChatLogprobs,
     ChatResponseMessage,
     DeltaMessage,
+    PromptLogprobs,
     UsageInfo,
 )
 from services.router.token_text import TokenText
@@ -40,9 +41,20 @@ async def create_chat_completion(
     requested = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "messages"
     max_tokens = state.prompts.check_context(prompt, requested, param)
-    params = build_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+    params = build_params(
+        body,
+        max_tokens,
+        (body.top_logprobs or 0) if body.logprobs else None,
+        state.prompts.vocab_size,
+    )
     response_id = new_id("chatcmpl")
-    shape = ChatShape(state.token_text, response_id, state.settings.model_name, body.logprobs)
+    shape = ChatShape(
+        state.token_text,
+        response_id,
+        state.settings.model_name,
+        body.logprobs,
+        body.prompt_logprobs,
+    )
     return await serve_generation(
         request, state, response_id, [prompt], params, requested, body, shape
     )
@@ -56,6 +68,7 @@ class ChatShape:
     response_id: str
     model: str
     with_logprobs: bool
+    num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (response level)
 
     def opening(self, num_choices: int) -> list[BaseModel]:
         """Every choice's first chunk names the assistant role, before any content."""
@@ -103,6 +116,15 @@ class ChatShape:
                 for c in choices
             ],
             usage=usage,
+            prompt_logprobs=self._prompt_logprobs(choices),
+        )
+
+    def _prompt_logprobs(self, choices: list[ChoiceUpdate]) -> PromptLogprobs | None:
+        prompt = choices[0].prompt if choices else None
+        if self.num_prompt_logprobs is None or prompt is None:
+            return None
+        return prompt_logprobs(
+            self.token_text, prompt.token_ids, prompt.logprobs, self.num_prompt_logprobs
         )
 
     def _chunk(

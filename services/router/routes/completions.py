@@ -1,22 +1,35 @@
-"""POST /v1/completions: text completion, streaming (SSE) or not."""
+"""POST /v1/completions: text completion, streaming (SSE) or not.
+
+Beyond the plain completion: `echo` (the text, and with `logprobs` the logprobs, start with
+the prompt; streamed, the prompt comes in each choice's first chunk), `best_of` (best_of
+candidates per prompt, the best n by cumulative logprob returned; not streamed) and vLLM's
+`prompt_logprobs`.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
 from services.router.deps import StateDep
 from services.router.errors import bad_request
-from services.router.generation import ChoiceUpdate
-from services.router.logprobs import completion_logprobs
+from services.router.generation import ChoiceUpdate, PromptInfo
+from services.router.logprobs import (
+    completion_logprobs,
+    concat_logprobs,
+    echo_logprobs,
+    prompt_logprobs,
+)
 from services.router.routes.generate import build_params, new_id, serve_generation
 from services.router.schemas import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    PromptLogprobs,
     UsageInfo,
 )
 from services.router.token_text import TokenText
@@ -28,22 +41,55 @@ router = APIRouter(tags=["completions"])
 async def create_completion(body: CompletionRequest, request: Request, state: StateDep) -> Response:
     """OpenAI's completions: a prompt (or a batch of them) in, `n` completions per prompt."""
     state.check_model(body.model)
-    if body.echo:
-        raise bad_request("echo is not supported", "echo")
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
-    if body.best_of is not None and body.best_of != body.n:
-        raise bad_request("best_of must equal n (no server-side best-of selection)", "best_of")
     prompts = state.prompts.completion_prompts(body.prompt)
     max_tokens = min(state.prompts.check_context(p, body.max_tokens, "prompt") for p in prompts)
-    params = build_params(body, max_tokens, body.logprobs)
+    best_of = body.best_of or body.n
+    # Echo with logprobs needs the prompt tokens' logprobs too (at least as many top-k).
+    wanted = [
+        k for k in (body.prompt_logprobs, body.logprobs if body.echo else None) if k is not None
+    ]
+    params = build_params(
+        body,
+        max_tokens,
+        body.logprobs,
+        state.prompts.vocab_size,
+        prompt_logprobs=max(wanted) if wanted else None,
+        n=best_of,
+    )
     response_id = new_id("cmpl")
     shape = CompletionShape(
-        state.token_text, response_id, state.settings.model_name, body.logprobs is not None
+        token_text=state.token_text,
+        response_id=response_id,
+        model=state.settings.model_name,
+        num_logprobs=body.logprobs,
+        n=body.n,
+        echo_texts=_prompt_texts(body.prompt, prompts, state.tokenizer) if body.echo else None,
+        num_prompt_logprobs=body.prompt_logprobs,
     )
     return await serve_generation(
-        request, state, response_id, prompts, params, body.max_tokens, body, shape
+        request,
+        state,
+        response_id,
+        prompts,
+        params,
+        body.max_tokens,
+        body,
+        shape,
+        num_returned=body.n if best_of != body.n else None,
     )
+
+
+def _prompt_texts(
+    prompt: str | list[Any], prompt_ids: list[list[int]], tokenizer: Any
+) -> list[str]:
+    """Each prompt as echoed: the text the client sent, or its token ids decoded."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, str) for p in prompt):
+        return [str(p) for p in prompt]
+    return [str(tokenizer.decode(ids)) for ids in prompt_ids]
 
 
 @dataclass(frozen=True)
@@ -53,7 +99,10 @@ class CompletionShape:
     token_text: TokenText
     response_id: str
     model: str
-    with_logprobs: bool
+    num_logprobs: int | None  # logprobs asked for (None: no logprobs object)
+    n: int = 1  # choices per prompt: choice i * n + j belongs to prompt i
+    echo_texts: list[str] | None = None  # per prompt, when echo is on
+    num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs, when asked for
 
     def opening(self, num_choices: int) -> list[BaseModel]:
         """Completions start with the first text."""
@@ -79,21 +128,41 @@ class CompletionShape:
         )
 
     def _choice(self, update: ChoiceUpdate) -> CompletionChoice:
+        echo = self.echo_texts[update.index // self.n] if self.echo_texts is not None else None
+        text = update.text
+        if echo is not None and update.prompt is not None:
+            text = echo + text
         return CompletionChoice(
             index=update.index,
-            text=update.text,
-            logprobs=self._logprobs(update),
+            text=text,
+            logprobs=self._logprobs(update, len(echo or "")),
             finish_reason=update.finish_reason,
             stop_reason=update.stop_reason,
+            prompt_logprobs=self._prompt_logprobs(update.prompt),
         )
 
-    def _logprobs(self, update: ChoiceUpdate) -> CompletionLogprobs | None:
-        if not self.with_logprobs:
+    def _logprobs(self, update: ChoiceUpdate, shift: int) -> CompletionLogprobs | None:
+        if self.num_logprobs is None:
             return None
-        return completion_logprobs(
+        # Output offsets count from the start of the choice's text: past the echoed prompt.
+        out = completion_logprobs(
             self.token_text,
             update.token_ids,
             update.logprobs,
-            update.text_offsets,
-            update.num_logprobs,
+            [offset + shift for offset in update.text_offsets],
+            self.num_logprobs,
+        )
+        if self.echo_texts is None or update.prompt is None:
+            return out
+        prompt = update.prompt
+        return concat_logprobs(
+            echo_logprobs(self.token_text, prompt.token_ids, prompt.logprobs, self.num_logprobs),
+            out,
+        )
+
+    def _prompt_logprobs(self, prompt: PromptInfo | None) -> PromptLogprobs | None:
+        if self.num_prompt_logprobs is None or prompt is None:
+            return None
+        return prompt_logprobs(
+            self.token_text, prompt.token_ids, prompt.logprobs, self.num_prompt_logprobs
         )

@@ -49,10 +49,22 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def build_params(body: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    """SamplingParams from a request, as a 400 naming the field when a value is invalid."""
+def build_params(
+    body: SamplingRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    vocab_size: int,
+    prompt_logprobs: int | None = None,
+    n: int | None = None,
+) -> SamplingParams:
+    """SamplingParams from a request, as a 400 naming the field when a value is invalid
+    (token ids outside the model's vocab included).
+
+    `prompt_logprobs` and `n` replace the body's (echo with logprobs, best_of)."""
     try:
-        return body.sampling_params(max_tokens, logprobs)
+        params = body.sampling_params(max_tokens, logprobs, prompt_logprobs, n)
+        params.check_vocab(vocab_size)
+        return params
     except ValueError as exc:
         message = str(exc)
         first = message.split(" ", 1)[0]
@@ -79,12 +91,14 @@ async def serve_generation(
     max_tokens: int | None,
     body: SamplingRequest,
     shape: ResponseShape,
+    num_returned: int | None = None,
 ) -> Response:
     """Charge the rate limits, route and run `prompts`; SSE chunks when the body asks to
     stream, else one JSON response, both written by `shape`.
 
     `max_tokens` is what the client asked for (None: the rest of the context), which is
-    what the token rate limit counts.
+    what the token rate limit counts. `num_returned` (best_of) keeps only each prompt's
+    best `num_returned` of its `params.n` outputs, by cumulative logprob (not streamed).
     """
     cost = requested_tokens(prompts, params.n, max_tokens, state.max_model_len)
     await charge_request(request, state.rate_limiter, cost)
@@ -110,8 +124,8 @@ async def serve_generation(
         await unless_disconnected(request, generation.run_to_end())
     finally:
         generation.close()
-    usage = _count(state, generation)
-    response = shape.response(generation.whole_choices(), usage)
+    usage = _count(state, generation, num_returned)
+    response = shape.response(generation.whole_choices(num_returned), usage)
     return JSONResponse(response.model_dump(mode="json"), headers=headers)
 
 
@@ -130,7 +144,9 @@ async def _chunks(
         yield sse(shape.usage_chunk(usage))
 
 
-def _count(state: RouterState, generation: Generation) -> UsageInfo:
-    usage = generation.usage()
-    state.metrics.generation_tokens.inc(usage.completion_tokens)
-    return usage_info(usage)
+def _count(
+    state: RouterState, generation: Generation, num_returned: int | None = None
+) -> UsageInfo:
+    # The metric counts every token generated; the usage only the choices returned (vLLM).
+    state.metrics.generation_tokens.inc(generation.usage().completion_tokens)
+    return usage_info(generation.usage_of(num_returned))

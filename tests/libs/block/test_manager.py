@@ -447,3 +447,17 @@ def test_check_integrity_detects_corruption() -> None:
     m._seqs["a"].token_ids.extend(range(5))
     with pytest.raises(AssertionError, match="seq 'a'"):
         m.check_integrity()
+
+
+def test_skip_prefix_cache_reads_nothing_but_its_blocks_are_still_shared() -> None:
+    m = BlockManager(num_blocks=10, block_size=BS)
+    run(m, admits=(admit("a", A),))
+    run(m, commits=(commit("a", 10),))
+    skipping = AdmitRequest("b", tuple(A), skip_prefix_cache=True)
+    result = run(m, admits=(skipping,))
+    assert result.block_tables == {"b": [3, 4, 5]} and result.num_cached_tokens == {"b": 0}
+    # Once b's KV is written, its full blocks are findable too; a (first writer) still wins.
+    run(m, commits=(commit("b", 10),), frees=("a",))
+    result = run(m, admits=(admit("c", A),))
+    assert result.num_cached_tokens == {"c": 8}
+    assert result.block_tables["c"][:2] == [0, 1]

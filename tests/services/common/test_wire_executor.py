@@ -134,3 +134,30 @@ def test_load_is_one_record_in_redis_and_in_get_status() -> None:
         b"\x84\xabexecutor_id\xa2ex\xa7address\xa3h:1\xa5epoch\x05\xa5model\xa1m"
     )
     assert bare.load == ExecutorLoad() and bare.epoch == 5
+
+
+def test_logit_bias_and_prompt_logprobs_cross_the_wire() -> None:
+    params = SamplingParams(logit_bias={7: 100.0, 3: -2.5}, prompt_logprobs=0)
+    back = params_from_proto(params_to_proto(params))
+    assert (back.logit_bias, back.prompt_logprobs) == ({7: 100.0, 3: -2.5}, 0)
+    assert params_from_proto(params_to_proto(SamplingParams())).prompt_logprobs is None
+    for bias in (float("nan"), float("inf"), 101.0):
+        with pytest.raises(ValueError, match="logit_bias"):
+            params_from_proto(pb.SamplingParams(logit_bias={1: bias}))
+
+
+def test_prompt_logprobs_are_named_by_the_prompt_ids() -> None:
+    # Entry j scores prompt token j + 1: once among the top-k, once after them.
+    entries = [
+        {5: Logprob(-0.125, 1), 9: Logprob(-2.0, 2)},
+        {5: Logprob(-0.25, 1), 8: Logprob(-3.0, 7)},
+    ]
+    delta = RequestDelta("r", [], False, 3, prompt_logprobs=entries)
+    msg = delta_to_proto(delta, 0, [1, 9, 8], num_prompt_top_logprobs=1)
+    assert [lp.token_id for lp in msg.prompt_logprobs] == [9, 8]
+    assert [[t.token_id for t in lp.top] for lp in msg.prompt_logprobs] == [[5], [5]]
+    assert delta_from_proto("r", msg).prompt_logprobs == entries
+    assert (
+        delta_from_proto("r", delta_to_proto(RequestDelta("r", [], False, 3), 0)).prompt_logprobs
+        is None
+    )

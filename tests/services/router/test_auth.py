@@ -98,3 +98,17 @@ def test_keys_never_logged(cluster: Cluster, caplog: pytest.LogCaptureFixture) -
     for secret in (KEY, "sk-presented-wrong"):
         assert secret not in logged
     assert "authorization" not in logged.lower()
+
+
+def test_tokenize_routes_need_a_key_too(cluster: Cluster) -> None:
+    router = cluster.router(api_keys=[KEY])
+    body = {"prompt": "hello there"}
+    with router.http() as http:
+        refused = [
+            http.post(p, json=b) for p, b in (("/tokenize", body), ("/detokenize", {"tokens": [5]}))
+        ]
+        auth = {"Authorization": f"Bearer {KEY}"}
+        tokens = http.post("/tokenize", json=body, headers=auth).json()["tokens"]
+        text = http.post("/detokenize", json={"tokens": tokens[1:]}, headers=auth).json()
+    assert [r.status_code for r in refused] == [401, 401]
+    assert text == {"prompt": "hello there"}

@@ -64,7 +64,16 @@ def still_serving(http: httpx.Client) -> None:
         ({"prompt": ["a", 1]}, "prompt"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": [-1]}, "prompt"),
-        ({"prompt": "x", "logit_bias": {"5": 100}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"five": 1}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"-5": 1}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"4096": 1}}, "logit_bias"),  # quire-tiny's vocab: 4096
+        ({"prompt": "x", "logit_bias": {"5": "up"}}, "logit_bias"),
+        ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ({"prompt": "x", "best_of": 1, "n": 2}, "best_of"),
+        ({"prompt": "x", "best_of": 3, "stream": True}, "best_of"),
+        ({"prompt": "x", "best_of": 10**6}, "best_of"),
         ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
@@ -88,6 +97,9 @@ def test_completion_bad_fields(http: httpx.Client, body: dict[str, Any], param: 
         ({"messages": CHAT, "max_completion_tokens": 10**6}, "max_completion_tokens"),
         ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools"),
         ({"messages": CHAT, "n": 10**6}, "n"),
+        ({"messages": CHAT, "logit_bias": {"1": -101}}, "logit_bias"),
+        ({"messages": CHAT, "logit_bias": {"99999": 1}}, "logit_bias"),
+        ({"messages": CHAT, "prompt_logprobs": 2, "stream": True}, "prompt_logprobs"),
     ],
 )
 def test_chat_bad_fields(http: httpx.Client, body: dict[str, Any], param: str | None) -> None:

@@ -40,7 +40,8 @@ def assert_error(response: httpx.Response, status: int, param: str | None = None
         ({"prompt": "x", "stop": [""]}, "stop"),
         ({"prompt": []}, "prompt"),
         ({"prompt": [1, 99999]}, "prompt"),
-        ({"prompt": "x", "echo": True}, "echo"),
+        ({"prompt": "x", "best_of": 2, "n": 3}, "best_of"),
+        ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({}, "prompt"),
     ],
 )
