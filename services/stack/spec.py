@@ -39,6 +39,7 @@ class StackConfig:
     # instead of the scheduler's whim; for benchmarks, with executor_torch_threads=1.
     pin_executors: bool = False
     routing_policy: str = "prefix"  # the router's --routing-policy
+    executor_dtype: str = ""  # executors' --dtype ('' = their default, auto)
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
     max_pending_total: int = 1024  # router admission: in-flight requests overall
     redis_prefix: str = "quire"
@@ -187,6 +188,8 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
         ]
         if c.torch_threads is not None:
             argv += ["--torch-threads", str(c.torch_threads)]
+        if c.executor_dtype:
+            argv += ["--dtype", c.executor_dtype]
         if c.pin_executors:
             argv = ["taskset", "-c", str(i % (os.cpu_count() or 1)), *argv]
         if c.address_by_name:
