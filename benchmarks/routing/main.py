@@ -42,6 +42,7 @@ QUICK = workloads.WorkloadConfig(
     think_s=0.5,
     num_tenants=2,
     tenant_requests=6,
+    system_prompt_len=128,
     request_rate=1.0,
     max_prompt_len=512,
     max_output_len=4,
@@ -123,6 +124,7 @@ def run_policy(
     """
     config = stack_config(args, policy)
     stack = Stack(config, REPO / ".run" / "bench-routing" / policy, cwd=REPO)
+    load_before = os.getloadavg()[0]
     started = time.monotonic()
     stack.start(timeout_s=240.0)
     out: dict[str, dict[str, Any]] = {}
@@ -133,7 +135,13 @@ def run_policy(
         ready_s = time.monotonic() - started
         for name, requests in runs.items():
             outcomes, duration = asyncio.run(client.run(config.router_url, model, requests))
-            out[name] = {**summarize(outcomes, duration), "stack_ready_s": ready_s}
+            out[name] = {
+                **summarize(outcomes, duration),
+                "stack_ready_s": ready_s,
+                # The machine's 1-min load average around the run: comparable only when alike.
+                "loadavg_before": load_before,
+                "loadavg_after": os.getloadavg()[0],
+            }
     finally:
         stack.stop()
     return out
@@ -148,7 +156,8 @@ def progress(name: str, policy: str, r: dict[str, Any], oracle: float) -> None:
         f"{f(r['ttft_p99_ms'], '7.0f')} ms  TPOT p99 {f(r['tpot_p99_ms'], '6.0f')} ms  "
         f"{f(r['output_tok_s'], '6.1f')} tok/s  hit {f(r['hit_rate'], '.3f')} (oracle "
         f"{oracle:.3f})  failed {r['num_failed']}/{r['num_requests']}  "
-        f"by executor {r['requests_per_executor']}  ({r['duration_s']:.0f} s load)",
+        f"by executor {r['requests_per_executor']}  ({r['duration_s']:.0f} s load, "
+        f"loadavg {r['loadavg_before']:.1f} -> {r['loadavg_after']:.1f})",
         flush=True,
     )
 

@@ -191,7 +191,8 @@ def simulate(
             )
             hit = ex.cached_blocks(hashes[i], max_hit) if policy.uses_prefix_cache else 0
             cands.append(Candidate(record, hit, ex.load))
-        decision = policy.choose(cands, RoutingRequest(r.prompt_token_ids, hashes[i], block_size))
+        request = RoutingRequest(r.prompt_token_ids, hashes[i], block_size, clock)
+        decision = policy.choose(cands, request)
         assert decision is not None, "the simulation never excludes an executor"
         e = int(decision.executor_id.rsplit("-", 1)[1])
         ex = execs[e]

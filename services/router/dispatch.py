@@ -169,7 +169,7 @@ class Dispatcher:
             Candidate(r, hits.get(r.executor_id, 0), self.admission.pending(r.executor_id))
             for r in usable
         ]
-        request = RoutingRequest(prompt_ids, block_hashes, params.block_size)
+        request = RoutingRequest(prompt_ids, block_hashes, params.block_size, time.monotonic())
         decision = self.policy.choose(candidates, request, exclude)
         if decision is None:
             raise self.too_many(ALL_EXECUTORS_FULL)

@@ -79,6 +79,12 @@ class RouterSettings(BaseSettings):
         description="an uncached prompt goes to the least loaded executor; executors this many "
         "requests above it still count as tied, and ties go by consistent hash",
     )
+    routing_recent_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="prefix policy: how long this router counts a prompt's blocks as held by "
+        "the executor it sent them to, before that executor's prefix set shows them (0 = off)",
+    )
     memory_manager: str = Field(
         default="127.0.0.1:50051",
         description="memory manager host:port that /dashboard reads block states from ('' = none)",

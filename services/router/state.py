@@ -8,6 +8,7 @@ from typing import Any
 
 from quire.cluster.hash_params import HashParams
 from quire.cluster.policies import make_policy
+from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import RoutingConfig
 from quire.model.config import ModelConfig
 from services.router.admission.rate_limits import RateLimiter
@@ -70,7 +71,9 @@ class RouterState:
             admission,
             clients,
             metrics,
-            make_policy(settings.routing_policy, prefix_config),
+            make_policy(
+                settings.routing_policy, prefix_config, RecentRoutes(settings.routing_recent_s)
+            ),
             HashWatch(fallback, metrics),
             request_timeout_s=settings.request_timeout_s,
             max_retries=settings.max_retries,

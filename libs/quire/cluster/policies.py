@@ -16,17 +16,20 @@ dispatcher's, the same for every policy.
 ``prefix``        the precise policy (`quire.cluster.routing.choose_executor`): the executor
                   holding the longest cached prefix, weighed against load, capped when the
                   holder is saturated; prompts nobody caches go to the least loaded executor.
+                  Prefixes this router routed in the last seconds count as held by their
+                  executor before its Redis set shows them (`quire.cluster.recent`).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, Protocol
 
 from uhashring import HashRing
 
+from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import (
     Candidate,
     RoutingConfig,
@@ -47,6 +50,7 @@ class RoutingRequest:
     prompt_token_ids: Sequence[int]
     block_hashes: Sequence[bytes]  # chained full-block hashes under `block_size`
     block_size: int  # tokens per block, to turn cached blocks into cached tokens
+    now: float = 0.0  # monotonic seconds at routing time (for remembered routes)
 
 
 class RoutingPolicy(Protocol):
@@ -175,8 +179,11 @@ class PrefixPolicy:
     name: ClassVar[str] = "prefix"
     uses_prefix_cache: ClassVar[bool] = True
 
-    def __init__(self, config: RoutingConfig | None = None) -> None:
+    def __init__(
+        self, config: RoutingConfig | None = None, recent: RecentRoutes | None = None
+    ) -> None:
         self.config = config or RoutingConfig()
+        self.recent = recent if recent is not None else RecentRoutes()
 
     def choose(
         self,
@@ -184,7 +191,15 @@ class PrefixPolicy:
         request: RoutingRequest,
         exclude: Collection[str] = (),
     ) -> RoutingDecision | None:
-        return choose_executor(
+        routed = self.recent.leading_blocks(request.block_hashes, request.now)
+        if routed:
+            candidates = [
+                replace(c, num_cached_blocks=max(c.num_cached_blocks, routed[c.executor_id]))
+                if c.executor_id in routed
+                else c
+                for c in candidates
+            ]
+        decision = choose_executor(
             candidates,
             request.block_hashes,
             request.prompt_token_ids,
@@ -192,12 +207,17 @@ class PrefixPolicy:
             exclude,
             block_size=request.block_size,
         )
+        if decision is not None:
+            self.recent.record(request.block_hashes, decision.executor_id, request.now)
+        return decision
 
 
-def make_policy(name: str, config: RoutingConfig | None = None) -> RoutingPolicy:
-    """The policy called `name` (one of POLICY_NAMES); `config` tunes `prefix`."""
+def make_policy(
+    name: str, config: RoutingConfig | None = None, recent: RecentRoutes | None = None
+) -> RoutingPolicy:
+    """The policy called `name` (one of POLICY_NAMES); `config` and `recent` tune `prefix`."""
     if name == "prefix":
-        return PrefixPolicy(config)
+        return PrefixPolicy(config, recent)
     if name == "round-robin":
         return RoundRobinPolicy()
     if name == "least-loaded":

@@ -14,6 +14,7 @@ from quire.cluster.policies import (
     RoutingRequest,
     make_policy,
 )
+from quire.cluster.recent import RecentRoutes
 from quire.cluster.registry import ExecutorLoad, ExecutorRecord
 from quire.cluster.routing import Candidate
 
@@ -131,18 +132,21 @@ def test_hash_ring_is_the_same_in_every_process() -> None:
 
 
 def test_prefix_policy_picks_the_holder_and_spreads_misses_by_load() -> None:
-    policy = PrefixPolicy()
-    d = policy.choose([cand("ex-a", cached=2), cand("ex-b"), cand("ex-c")], REQUEST)
+    d = PrefixPolicy().choose([cand("ex-a", cached=2), cand("ex-b"), cand("ex-c")], REQUEST)
     assert d is not None and (d.executor_id, d.reason, d.num_cached_tokens) == (
         "ex-a",
         "prefix_hit",
         32,
     )
     # A miss goes to the least loaded, whatever the hash prefers (ex-c for this prompt).
-    d = policy.choose([cand("ex-a", running=1), cand("ex-b"), cand("ex-c", running=1)], REQUEST)
+    d = PrefixPolicy().choose(
+        [cand("ex-a", running=1), cand("ex-b"), cand("ex-c", running=1)], REQUEST
+    )
     assert d is not None and (d.executor_id, d.reason) == ("ex-b", "load_balance")
     # A saturated holder gives way to the least loaded executor.
-    d = policy.choose([cand("ex-a", cached=2, running=12), cand("ex-b", running=1)], REQUEST)
+    d = PrefixPolicy().choose(
+        [cand("ex-a", cached=2, running=12), cand("ex-b", running=1)], REQUEST
+    )
     assert d is not None and (d.executor_id, d.reason) == ("ex-b", "prefix_capped")
 
 
@@ -157,3 +161,51 @@ def test_make_policy_by_name() -> None:
     assert [make_policy(n).uses_prefix_cache for n in POLICY_NAMES] == [True, False, False, False]
     with pytest.raises(ValueError, match="unknown routing policy 'random'"):
         make_policy("random")
+
+
+def test_recent_routes_count_leading_blocks_until_they_expire() -> None:
+    recent = RecentRoutes(ttl_s=10.0)
+    hashes = hash_full_blocks(list(range(64)), 16, "m")  # 4 blocks
+    recent.record(hashes[:2], "ex-a", now=0.0)
+    recent.record(hashes, "ex-b", now=1.0)  # takes over blocks 0 and 1 too
+    assert recent.leading_blocks(hashes, now=5.0) == {"ex-b": 4}
+    recent.record(hashes[:1], "ex-c", now=2.0)
+    # ex-b was sent block 3, so it holds 0..3 whoever was sent block 0 last.
+    assert recent.leading_blocks(hashes, now=5.0) == {"ex-c": 1, "ex-b": 4}
+    # ex-b's routes expire first; ex-c's block 0 is left, then nothing.
+    assert recent.leading_blocks(hashes, now=11.5) == {"ex-c": 1}
+    assert recent.leading_blocks(hashes, now=12.5) == {}
+
+
+def test_recent_routes_are_bounded_and_can_be_off() -> None:
+    recent = RecentRoutes(ttl_s=10.0, max_entries=3)
+    hashes = hash_full_blocks(list(range(80)), 16, "m")  # 5 blocks
+    recent.record(hashes, "ex-a", now=0.0)
+    assert len(recent) == 3
+    assert recent.leading_blocks(hashes, now=1.0) == {}  # the oldest (leading) blocks went
+    off = RecentRoutes(ttl_s=0.0)
+    off.record(hashes, "ex-a", now=0.0)
+    assert len(off) == 0
+    with pytest.raises(ValueError):
+        RecentRoutes(ttl_s=-1.0)
+
+
+def test_prefix_policy_keeps_a_burst_of_siblings_together() -> None:
+    # Nobody's Redis set shows the new prefix yet; the first sibling goes by load, the next
+    # ones follow it while it is remembered, even a little busier.
+    policy = PrefixPolicy()
+    first = policy.choose([cand("ex-a", running=1), cand("ex-b")], REQUEST)
+    assert first is not None and first.executor_id == "ex-b"
+    sibling_ids = PROMPT[:32] + [1, 2, 3]
+    sibling = RoutingRequest(sibling_ids, hash_full_blocks(sibling_ids, 16, "quire-tiny"), 16, 1.0)
+    d = policy.choose([cand("ex-a", running=1), cand("ex-b", running=1)], sibling)
+    assert d is not None and (d.executor_id, d.reason, d.num_cached_tokens) == (
+        "ex-b",
+        "prefix_hit",
+        32,
+    )
+    # Without the memory the sibling is a miss spread by load.
+    forgetful = PrefixPolicy(recent=RecentRoutes(ttl_s=0.0))
+    forgetful.choose([cand("ex-a", running=1), cand("ex-b")], REQUEST)
+    d = forgetful.choose([cand("ex-a"), cand("ex-b", running=1)], sibling)
+    assert d is not None and (d.executor_id, d.reason) == ("ex-a", "load_balance")
