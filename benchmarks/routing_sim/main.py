@@ -27,6 +27,7 @@ from benchmarks.routing.plot import plot
 from benchmarks.routing_sim import calibrate
 from benchmarks.routing_sim.model import Rates, SimRequest, simulate
 from quire.cluster.policies import POLICY_NAMES, make_policy
+from quire.cluster.recent import RecentRoutes
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 16
@@ -45,6 +46,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rates", type=Path, default=REPO / "bench" / "results" / "routing-rates.json")
     p.add_argument("--recalibrate", action="store_true", help="measure the rates again")
     p.add_argument("--dtype", default="float32", help="the engine's dtype when measuring")
+    p.add_argument(
+        "--recent-s", type=float, default=0.0, help="the prefix policy's --routing-recent-s"
+    )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "routing-sim.json")
     return p.parse_args(argv)
 
@@ -100,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     extra_key = Path(args.model).name
     base = QUICK if args.quick else FULL
-    results: dict[str, Any] = {"rates": raw, "cache_blocks": args.cache_blocks, "sizes": {}}
+    results: dict[str, Any] = {
+        "rates": raw,
+        "cache_blocks": args.cache_blocks,
+        "recent_s": args.recent_s,
+        "sizes": {},
+    }
     t0 = time.monotonic()
     for n in [int(x) for x in args.executors.split(",") if x]:
         config = scaled(base, n)
@@ -116,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             for policy in POLICY_NAMES:
                 r = simulate(
-                    make_policy(policy),
+                    make_policy(policy, recent=RecentRoutes(args.recent_s)),
                     sim_reqs,
                     n,
                     rates,

@@ -80,10 +80,11 @@ class RouterSettings(BaseSettings):
         "requests above it still count as tied, and ties go by consistent hash",
     )
     routing_recent_s: float = Field(
-        default=30.0,
+        default=0.0,
         ge=0,
         description="prefix policy: how long this router counts a prompt's blocks as held by "
-        "the executor it sent them to, before that executor's prefix set shows them (0 = off)",
+        "the executor it sent them to, before that executor's prefix set shows them (0 = off; "
+        "docs/benchmarks.md shows when it helps)",
     )
     memory_manager: str = Field(
         default="127.0.0.1:50051",

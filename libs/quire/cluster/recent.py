@@ -7,6 +7,10 @@ and be spread by load, each executor computing the same prefix again. The prefix
 therefore also counts, per executor, the leading blocks of prompts this router itself routed
 there within `ttl_s`; the larger of that and the Redis count is the executor's hit. SGLang's
 router keeps a tree of routed prompts for the same reason.
+
+The router leaves it off by default (`--routing-recent-s 0`): an executor computes a prefix
+once only if the siblings reach it after that prefill ends, so steering a burst onto one
+executor mostly queues it there. docs/benchmarks.md has the simulation that shows it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 class RecentRoutes:
     """Block hash -> (executor, expiry) of recently routed prompts, bounded and LRU-ordered."""
 
-    def __init__(self, ttl_s: float = 30.0, max_entries: int = 1 << 16) -> None:
+    def __init__(self, ttl_s: float = 0.0, max_entries: int = 1 << 16) -> None:
         if ttl_s < 0 or max_entries < 1:
             raise ValueError("ttl_s must be >= 0 and max_entries >= 1")
         self.ttl_s = ttl_s  # how long a route is remembered (0: never)

@@ -193,7 +193,7 @@ def test_recent_routes_are_bounded_and_can_be_off() -> None:
 def test_prefix_policy_keeps_a_burst_of_siblings_together() -> None:
     # Nobody's Redis set shows the new prefix yet; the first sibling goes by load, the next
     # ones follow it while it is remembered, even a little busier.
-    policy = PrefixPolicy()
+    policy = PrefixPolicy(recent=RecentRoutes(ttl_s=30.0))
     first = policy.choose([cand("ex-a", running=1), cand("ex-b")], REQUEST)
     assert first is not None and first.executor_id == "ex-b"
     sibling_ids = PROMPT[:32] + [1, 2, 3]
@@ -204,8 +204,8 @@ def test_prefix_policy_keeps_a_burst_of_siblings_together() -> None:
         "prefix_hit",
         32,
     )
-    # Without the memory the sibling is a miss spread by load.
-    forgetful = PrefixPolicy(recent=RecentRoutes(ttl_s=0.0))
+    # Without the memory (the default) the sibling is a miss spread by load.
+    forgetful = PrefixPolicy()
     forgetful.choose([cand("ex-a", running=1), cand("ex-b")], REQUEST)
     d = forgetful.choose([cand("ex-a"), cand("ex-b", running=1)], sibling)
     assert d is not None and (d.executor_id, d.reason) == ("ex-a", "load_balance")

@@ -31,8 +31,7 @@ def consistent_choice(ids: list[str], prompt: list[int]) -> str:
 
 
 def test_shared_prefix_goes_to_the_holder(cluster: Cluster) -> None:
-    # Redis alone: the router's memory of where it sent PROMPT would count `fresh` too.
-    router = cluster.router(routing_recent_s=0)
+    router = cluster.router()
     fresh = consistent_choice(list(cluster.fakes), PROMPT)
     assert served_by(router, PROMPT) == fresh
     holder = next(e for e in cluster.fakes if e != fresh)
