@@ -150,3 +150,13 @@ def test_hash_watch_logs_a_mismatch_once_and_its_end() -> None:
         ("warning", None),
     ]
     assert metrics.hash_params_mismatch._value.get() == 0
+
+
+def test_policy_from_env_and_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    from services.router.__main__ import parse_settings
+
+    monkeypatch.setenv("QUIRE_ROUTING_POLICY", "least-loaded")
+    assert parse_settings([]).routing_policy == "least-loaded"
+    assert parse_settings(["--routing-policy", "hash"]).routing_policy == "hash"
+    monkeypatch.delenv("QUIRE_ROUTING_POLICY")
+    assert parse_settings([]).routing_policy == "prefix"
