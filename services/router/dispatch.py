@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 import grpc
 import structlog
 
-from quire.cluster.routing import Candidate, RoutingConfig, RoutingDecision, choose_executor
+from quire.block.hashing import hash_full_blocks
+from quire.cluster.policies import RoutingPolicy, RoutingRequest
+from quire.cluster.routing import Candidate, RoutingDecision
 from services.router.admission.slots import ALL_EXECUTORS_FULL, Admission, current_ticket
 from services.router.directory import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
+from services.router.hash_watch import HashWatch
 from services.router.log import current_request_id
 from services.router.metrics import RouterMetrics
 from services.rpc import executor_pb2, executor_pb2_grpc
@@ -101,7 +104,8 @@ class Dispatcher:
         admission: Admission,
         clients: ExecutorClients,
         metrics: RouterMetrics,
-        policy: RoutingConfig,
+        policy: RoutingPolicy,
+        hash_watch: HashWatch,
         request_timeout_s: float,
         max_retries: int,
         retry_after_s: int,
@@ -112,6 +116,7 @@ class Dispatcher:
         self.clients = clients
         self.metrics = metrics
         self.policy = policy
+        self.hash_watch = hash_watch
         self.request_timeout_s = request_timeout_s
         self.max_retries = max_retries
         self.retry_after_s = retry_after_s
@@ -137,10 +142,8 @@ class Dispatcher:
         if not self.admission.can_admit(num_requests, current_ticket.get()):
             raise self.too_many(self.admission.overall_full_message())
 
-    async def route(
-        self, prompt_ids: Sequence[int], block_hashes: Sequence[bytes], tried: set[str]
-    ) -> RoutingDecision:
-        """Choose an executor with a free admission slot, or raise 503/429."""
+    async def route(self, prompt_ids: Sequence[int], tried: set[str]) -> RoutingDecision:
+        """Choose an executor with a free admission slot by the policy, or raise 503/429."""
         view = await self.directory.view()
         down = self.directory.down_executors()
         usable = [
@@ -152,18 +155,29 @@ class Dispatcher:
             raise self.unavailable("no live executor can take the request")
         self.check_capacity(1)
         exclude = tried | down | self.admission.full_executors()
-        hits = await self.directory.prefix_hits(ClusterView(usable, view.source), block_hashes)
+        agreement = self.hash_watch.agreement(view)
+        params = agreement.params
+        block_hashes = hash_full_blocks(prompt_ids, params.block_size, params.extra_key)
+        hits: dict[str, int] = {}
+        if self.policy.uses_prefix_cache:
+            # Only executors hashing like the router can hold these hashes.
+            agreeing = [r for r in usable if r.executor_id in agreement.agreeing]
+            hits = await self.directory.prefix_hits(
+                ClusterView(agreeing, view.source), block_hashes
+            )
         candidates = [
             Candidate(r, hits.get(r.executor_id, 0), self.admission.pending(r.executor_id))
             for r in usable
         ]
-        decision = choose_executor(candidates, block_hashes, prompt_ids, self.policy, exclude)
+        request = RoutingRequest(prompt_ids, block_hashes, params.block_size, time.monotonic())
+        decision = self.policy.choose(candidates, request, exclude)
         if decision is None:
             raise self.too_many(ALL_EXECUTORS_FULL)
         self.metrics.routing_decisions.labels(reason=decision.reason).inc()
         log.debug(
             "routed",
             executor_id=decision.executor_id,
+            policy=self.policy.name,
             reason=decision.reason,
             cached_tokens=decision.num_cached_tokens,
             source=view.source,
@@ -174,7 +188,6 @@ class Dispatcher:
         self,
         request_id: str,
         prompt_ids: list[int],
-        block_hashes: Sequence[bytes],
         params: executor_pb2.SamplingParams,
         arrival: float,
     ) -> ExecutorStream:
@@ -187,7 +200,7 @@ class Dispatcher:
         metadata = (("x-request-id", current_request_id() or request_id),)
         tried: set[str] = set()
         for attempt in range(self.max_retries + 1):
-            decision = await self.route(prompt_ids, block_hashes, tried)
+            decision = await self.route(prompt_ids, tried)
             if not self.admission.try_acquire(decision.executor_id, current_ticket.get()):
                 raise self.too_many("the chosen executor filled up meanwhile; retry later")
             self.metrics.in_flight.inc()

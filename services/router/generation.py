@@ -16,7 +16,6 @@ from typing import Any
 
 import structlog
 
-from quire.block.hashing import hash_full_blocks
 from quire.engine.output_processor import SequenceText
 from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
@@ -277,8 +276,6 @@ async def start_generation(
     params: SamplingParams,
     stream: bool,
     arrival: float,
-    extra_key: str,
-    block_size: int,
 ) -> Generation:
     """Open one executor stream per prompt (all or none) and wrap them in a Generation."""
     dispatcher.check_capacity(len(prompts))
@@ -287,9 +284,8 @@ async def start_generation(
         log.info("prompts", prompts=[tokenizer.decode(ids) for ids in prompts])
 
     async def open_one(i: int, ids: list[int]) -> ExecutorStream:
-        hashes = hash_full_blocks(ids, block_size, extra_key)
         sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-        return await dispatcher.open(sub_id, ids, hashes, wire, arrival)
+        return await dispatcher.open(sub_id, ids, wire, arrival)
 
     tasks = [asyncio.ensure_future(open_one(i, ids)) for i, ids in enumerate(prompts)]
     try:

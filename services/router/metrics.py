@@ -13,6 +13,9 @@ Exposed series (counters with prometheus_client's `_total` suffix):
     quire_router_executor_retries_total                re-routed after UNAVAILABLE
     quire_router_time_to_first_token_seconds           histogram, arrival -> first token
     quire_router_in_flight_requests                    gauge, executor requests open
+    quire_router_hash_params_mismatch                  gauge, 1 while executors of the model
+                                                       announce different block size/extra key
+    quire_router_hash_params_disagreeing_executors     gauge, executors outside the majority
 """
 
 from __future__ import annotations
@@ -93,6 +96,17 @@ class RouterMetrics:
         )
         self.in_flight = Gauge(
             "quire_router_in_flight_requests", "Executor requests in flight", registry=r
+        )
+        self.hash_params_mismatch = Gauge(
+            "quire_router_hash_params_mismatch",
+            "1 while executors of the served model announce different block sizes or hash "
+            "extra keys (prefix hits then come only from the majority)",
+            registry=r,
+        )
+        self.hash_params_disagreeing = Gauge(
+            "quire_router_hash_params_disagreeing_executors",
+            "Executors whose announced block hashing differs from the majority's",
+            registry=r,
         )
         self._prompt_total = 0
         self._cached_total = 0

@@ -453,8 +453,29 @@ class ExecutorStatusOut(BaseModel):
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
     kv_blocks_cached: int = 0
+    block_size: int | None = None  # as the executor announces it (None: not announced)
+    hash_extra_key: str | None = None
+
+
+class HashGroupOut(BaseModel):
+    block_size: int
+    extra_key: str
+    executors: list[str]
+
+
+class HashParamsOut(BaseModel):
+    """How the router hashes prompts, and whether the executors agree on it."""
+
+    block_size: int
+    extra_key: str
+    source: str  # "executors" (their records) or "fallback" (the router's --block-size/--model)
+    mismatch: bool  # executors of the model announce more than one block size / extra key
+    disagreeing: list[str]  # executors outside the majority: no prefix hits read from them
+    groups: list[HashGroupOut]
 
 
 class ClusterStatus(BaseModel):
     executors: list[ExecutorStatusOut]
     source: str  # where the list came from: redis, last_seen (Redis down) or static
+    routing_policy: str
+    hash_params: HashParamsOut

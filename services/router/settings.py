@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -27,7 +27,18 @@ class RouterSettings(BaseSettings):
     )
     redis_prefix: str = Field(default="quire", description="prefix of every Redis key")
     redis_timeout_s: float = Field(default=0.25, gt=0, description="Redis socket timeout per call")
-    block_size: int = Field(default=16, ge=1, description="KV block size the executors use")
+    block_size: int = Field(
+        default=16,
+        ge=1,
+        description="KV block size to hash prompts with when no executor record announces its "
+        "own (records from older executors, static --executors, Redis down)",
+    )
+    routing_policy: Literal["prefix", "round-robin", "least-loaded", "hash"] = Field(
+        default="prefix",
+        description="how an executor is picked: prefix (longest cached prefix weighed against "
+        "load), round-robin, least-loaded (fewest in-flight requests) or hash (consistent hash "
+        "ring of the first block)",
+    )
     executors: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="static executor addresses host:port, comma separated (no-Redis runs)",
@@ -63,10 +74,17 @@ class RouterSettings(BaseSettings):
         description="load ratio to the least loaded before a prefix bonus is capped",
     )
     routing_max_hash_load_gap: int = Field(
-        default=1,
+        default=0,
         ge=0,
-        description="requests above the least loaded before an uncached prompt's consistent-"
-        "hash choice gives way to the least loaded executor",
+        description="an uncached prompt goes to the least loaded executor; executors this many "
+        "requests above it still count as tied, and ties go by consistent hash",
+    )
+    routing_recent_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="prefix policy: how long this router counts a prompt's blocks as held by "
+        "the executor it sent them to, before that executor's prefix set shows them (0 = off; "
+        "docs/benchmarks.md shows when it helps)",
     )
     memory_manager: str = Field(
         default="127.0.0.1:50051",
@@ -133,5 +151,6 @@ class RouterSettings(BaseSettings):
 
     @property
     def extra_key(self) -> str:
-        """Block-hash extra key; equals the executor scheduler's (the model dir's name)."""
+        """Fallback block-hash extra key (the executor scheduler's: the model dir's name),
+        for records that announce none."""
         return Path(self.model).name

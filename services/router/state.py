@@ -6,6 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from quire.cluster.hash_params import HashParams
+from quire.cluster.policies import make_policy
+from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import RoutingConfig
 from quire.model.config import ModelConfig
 from services.router.admission.rate_limits import RateLimiter
@@ -14,6 +17,7 @@ from services.router.directory import ExecutorDirectory
 from services.router.dispatch import Dispatcher
 from services.router.errors import ApiError
 from services.router.executor_client import ExecutorClients
+from services.router.hash_watch import HashWatch
 from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptProcessor, load_tokenizer
 from services.router.settings import RouterSettings
@@ -55,18 +59,22 @@ class RouterState:
         )
         admission = Admission(settings.max_pending_per_executor, settings.max_pending_total)
         clients = ExecutorClients(settings.tls_ca)
-        policy = RoutingConfig(
+        prefix_config = RoutingConfig(
             block_size=settings.block_size,
             max_load_gap=settings.routing_max_load_gap,
             max_load_ratio=settings.routing_max_load_ratio,
             max_hash_load_gap=settings.routing_max_hash_load_gap,
         )
+        fallback = HashParams(settings.block_size, settings.extra_key)
         dispatcher = Dispatcher(
             directory,
             admission,
             clients,
             metrics,
-            policy,
+            make_policy(
+                settings.routing_policy, prefix_config, RecentRoutes(settings.routing_recent_s)
+            ),
+            HashWatch(fallback, metrics),
             request_timeout_s=settings.request_timeout_s,
             max_retries=settings.max_retries,
             retry_after_s=settings.retry_after_s,

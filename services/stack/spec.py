@@ -35,6 +35,11 @@ class StackConfig:
     # torch CPU threads per executor; 0: this machine's cores split evenly between executors;
     # -1: no flag, the executor's own setting (QUIRE_TORCH_THREADS, else torch's default)
     executor_torch_threads: int = 0
+    # Pin executor i to CPU core i % cores (taskset), so executors share the cores evenly
+    # instead of the scheduler's whim; for benchmarks, with executor_torch_threads=1.
+    pin_executors: bool = False
+    routing_policy: str = "prefix"  # the router's --routing-policy
+    executor_dtype: str = ""  # executors' --dtype ('' = their default, auto)
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
     max_pending_total: int = 1024  # router admission: in-flight requests overall
     redis_prefix: str = "quire"
@@ -183,6 +188,10 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
         ]
         if c.torch_threads is not None:
             argv += ["--torch-threads", str(c.torch_threads)]
+        if c.executor_dtype:
+            argv += ["--dtype", c.executor_dtype]
+        if c.pin_executors:
+            argv = ["taskset", "-c", str(i % (os.cpu_count() or 1)), *argv]
         if c.address_by_name:
             # Routers dial what the executor advertises; a container's hostname is not
             # its service name, so name it explicitly.
@@ -219,6 +228,7 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 str(c.max_pending_total),
                 "--memory-manager",
                 f"{c.address('memory-manager')}:{c.memory_manager_port}",
+                *(["--routing-policy", c.routing_policy] if c.routing_policy != "prefix" else []),
             ],
             ready=("http", f"{c.router_url}/health"),
             depends_on=("redis", "memory-manager", *executors),

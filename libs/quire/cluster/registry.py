@@ -75,13 +75,17 @@ class ExecutorLoad:
 
 @dataclass(frozen=True)
 class ExecutorRecord:
-    """Liveness and load of one executor incarnation, as published to Redis."""
+    """Liveness, load and self-description of one executor incarnation, as published to Redis."""
 
     executor_id: str
     address: str  # host:port of its gRPC Executor service
     epoch: int  # changes on every process start
     model: str  # served model name
     load: ExecutorLoad = field(default_factory=ExecutorLoad)
+    # How this executor hashes KV blocks, so routers hash prompts the same way; None: not
+    # announced (a record from before these fields), and routers fall back to their flags.
+    block_size: int | None = None  # tokens per KV block
+    hash_extra_key: str | None = None  # extra key mixed into every block hash (model id)
     draining: bool = False  # finishing its work, taking no new requests
     updated_at: float = 0.0  # unix time of this heartbeat
 

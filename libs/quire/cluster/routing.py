@@ -6,13 +6,14 @@ turns that into one choice and the reason for it:
 
 ``prefix_hit``       an executor holding part of the prompt wins on score (cached tokens
                      minus a cost per queued request and for KV pressure).
-``consistent_hash``  nobody holds the prompt's first block: rendezvous (HRW) hashing of the
-                     first block hash (or of the token ids of a prompt shorter than a block)
-                     sends every sibling of a new prefix to the same executor, which then
-                     caches it for the rest of the burst.
-``load_balance``     the load-aware pick overrode affinity: the consistent-hash choice had
-                     more than `max_hash_load_gap` requests above the least-loaded executor,
-                     or a lightly loaded executor out-scored the prefix holders.
+``consistent_hash``  nobody holds the prompt's first block, and the executors tied for the
+                     least load (within `max_hash_load_gap`) are split by rendezvous (HRW)
+                     hashing of the first block hash (or of the token ids of a prompt shorter
+                     than a block): siblings of a new prefix arriving together land on the
+                     same executor, which then caches it for the rest of the burst.
+``load_balance``     the load-aware pick overrode affinity: a cache miss went to a less loaded
+                     executor than its HRW choice (misses spread by load), or a lightly
+                     loaded executor out-scored the prefix holders.
 ``prefix_capped``    the prefix is cached only on executors too loaded to take more (their
                      load exceeds the least-loaded one's by more than the gap and the ratio
                      of `RoutingConfig`), so the request goes to the least-loaded one instead.
@@ -44,9 +45,9 @@ class RoutingConfig:
     kv_cost_tokens: float = 64.0  # score cost of a full KV cache (scaled by the used fraction)
     max_load_gap: int = 4  # an executor this many requests above the least loaded ...
     max_load_ratio: float = 2.0  # ... and this many times its load loses its prefix bonus
-    # A prompt nobody caches goes by consistent hash unless that executor has more than this
-    # many requests above the least loaded one; then it goes to the least loaded.
-    max_hash_load_gap: int = 1
+    # A prompt nobody caches goes to the least loaded executor; executors at most this many
+    # requests above it count as tied, and ties go by consistent hash (0: strictly by load).
+    max_hash_load_gap: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -119,14 +120,17 @@ def choose_executor(
     prompt_token_ids: Sequence[int],
     config: RoutingConfig | None = None,
     exclude: Collection[str] = (),
+    block_size: int | None = None,
 ) -> RoutingDecision | None:
     """Pick the executor for a prompt; None when no candidate may take it.
 
     `block_hashes` are the prompt's chained full-block hashes (`hash_full_blocks`), used only
     for the consistent-hash key; `candidates[i].num_cached_blocks` says how many of them
-    executor i holds.
+    executor i holds. `block_size` (default `config.block_size`) is what they were hashed
+    with: the executors' own, as their records announce it.
     """
     config = config or RoutingConfig()
+    tokens_per_block = block_size or config.block_size
     eligible = [c for c in candidates if not c.record.draining and c.executor_id not in exclude]
     if not eligible:
         return None
@@ -137,7 +141,7 @@ def choose_executor(
     open_ids = {c.executor_id for c in open_}
 
     def cached_tokens(c: Candidate) -> int:
-        return c.num_cached_blocks * config.block_size
+        return c.num_cached_blocks * tokens_per_block
 
     def score(c: Candidate) -> float:
         return (
@@ -154,13 +158,12 @@ def choose_executor(
         else:
             reason = "prefix_capped"
         return _decision(best, reason, cached_tokens(best))
-    # Nobody caches this prompt: no bonus to weigh, so hashing only decides between
-    # executors that are about equally loaded.
+    # Nobody caches this prompt: no bonus to weigh, so misses spread by load and hashing
+    # only decides between executors that are about equally loaded.
     top = max(eligible, key=lambda c: rank[c.executor_id])
-    if top.load - least_load <= config.max_hash_load_gap:
-        return _decision(top, "consistent_hash", 0)
-    best = max(open_, key=lambda c: (-c.load, -c.kv_usage, rank[c.executor_id]))
-    return _decision(best, "load_balance", 0)
+    tied = [c for c in eligible if c.load - least_load <= config.max_hash_load_gap]
+    best = max(tied, key=lambda c: (rank[c.executor_id], -c.kv_usage))
+    return _decision(best, "consistent_hash" if best is top else "load_balance", 0)
 
 
 def _decision(c: Candidate, reason: str, num_cached_tokens: int) -> RoutingDecision:

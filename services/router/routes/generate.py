@@ -112,8 +112,6 @@ async def serve_generation(
             params,
             body.stream,
             request.state.arrival,
-            state.settings.extra_key,
-            state.settings.block_size,
         ),
     )
     headers = {"x-quire-executor": generation.executor_ids}

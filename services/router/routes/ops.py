@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.router.deps import StateDep
 from services.router.errors import error_body
-from services.router.schemas import ClusterStatus, ExecutorStatusOut
+from services.router.schemas import ClusterStatus, ExecutorStatusOut, HashGroupOut, HashParamsOut
 
 router = APIRouter(tags=["ops"])
 
@@ -36,17 +36,36 @@ async def metrics(state: StateDep) -> Response:
 
 @router.get("/cluster/status")
 async def cluster_status(state: StateDep) -> ClusterStatus:
-    """Every executor in the registry, live or expired, with its load."""
+    """Every executor in the registry, live or expired, with its load and block hashing."""
     view = await state.directory.view()
+    agreement = state.dispatcher.hash_watch.agreement(view)
     down = state.directory.down_executors()
     executors = [
         ExecutorStatusOut(
             id=r.executor_id,
             address=r.address,
             healthy=not r.draining and r.executor_id not in down,
+            block_size=r.block_size,
+            hash_extra_key=r.hash_extra_key,
             **asdict(r.load),
         )
         for r in view.records
     ]
     executors += [ExecutorStatusOut(id=e, address="", healthy=False) for e in view.expired]
-    return ClusterStatus(executors=executors, source=view.source)
+    hash_params = HashParamsOut(
+        block_size=agreement.params.block_size,
+        extra_key=agreement.params.extra_key,
+        source=agreement.source,
+        mismatch=agreement.is_mismatch,
+        disagreeing=list(agreement.disagreeing),
+        groups=[
+            HashGroupOut(block_size=p.block_size, extra_key=p.extra_key, executors=list(ids))
+            for p, ids in agreement.groups
+        ],
+    )
+    return ClusterStatus(
+        executors=executors,
+        source=view.source,
+        routing_policy=state.dispatcher.policy.name,
+        hash_params=hash_params,
+    )

@@ -150,13 +150,20 @@ def test_overloaded_consistent_hash_target_falls_back_to_least_loaded() -> None:
     assert d is not None and (d.executor_id, d.reason) == ("ex-b", "load_balance")
 
 
-def test_new_prompt_hashes_only_between_equally_loaded_executors() -> None:
-    # ex-c is the HRW choice; one request above the least loaded it still gets the prompt ...
+def test_new_prompt_goes_to_the_least_loaded_and_hashes_only_between_ties() -> None:
+    # ex-c is the HRW choice; one request above the least loaded, the miss goes by load to
+    # the least loaded pair, and HRW picks between them (b before a).
     d = choose([cand("ex-a", running=1), cand("ex-b", running=1), cand("ex-c", running=2)])
-    assert d is not None and (d.executor_id, d.reason) == ("ex-c", "consistent_hash")
-    # ... two above, the prompt (with no cache to protect) goes to the least loaded.
-    d = choose([cand("ex-a", running=1), cand("ex-b", running=0), cand("ex-c", running=2)])
     assert d is not None and (d.executor_id, d.reason) == ("ex-b", "load_balance")
+    # All equally loaded: the HRW choice.
+    d = choose([cand("ex-a", running=1), cand("ex-b", running=1), cand("ex-c", running=1)])
+    assert d is not None and (d.executor_id, d.reason) == ("ex-c", "consistent_hash")
+    # A wider tie band lets the hash keep siblings together at a small imbalance.
+    d = choose(
+        [cand("ex-a", running=1), cand("ex-b", running=1), cand("ex-c", running=2)],
+        config=RoutingConfig(max_hash_load_gap=1),
+    )
+    assert d is not None and (d.executor_id, d.reason) == ("ex-c", "consistent_hash")
     d = choose(
         [cand("ex-a", running=1), cand("ex-b"), cand("ex-c", running=2)],
         config=RoutingConfig(max_hash_load_gap=2),

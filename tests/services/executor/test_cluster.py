@@ -114,6 +114,8 @@ def test_liveness_record_then_expiry_after_sigkill(
     assert record.executor_id == "exec-kill"
     assert record.address == executor.address
     assert record.model == "quire-tiny"
+    # It describes how it hashes KV blocks, for the router to hash prompts the same way.
+    assert (record.block_size, record.hash_extra_key) == (16, "quire-tiny")
     assert record.epoch > 0
     assert (record.load.kv_blocks_total, record.load.kv_blocks_used) == (NUM_KV_BLOCKS, 0)
     assert (record.load.num_running, record.load.num_waiting, record.draining) == (0, 0, False)

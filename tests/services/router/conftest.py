@@ -127,6 +127,9 @@ class Cluster:
             epoch=fields.pop("epoch", 7),
             model=fields.pop("model", MODEL_NAME),
             load=ExecutorLoad(**{"kv_blocks_total": 100, **load_fields}),
+            # As a real executor announces them: the router hashes prompts with these.
+            block_size=fields.pop("block_size", 16),
+            hash_extra_key=fields.pop("hash_extra_key", MODEL_NAME),
             **fields,
         ).stamped()
         client = self.redis

@@ -79,6 +79,8 @@ def test_stale_epoch_and_expired_records_are_ignored(cluster: Cluster) -> None:
             "kv_blocks_total": 0,
             "kv_blocks_used": 0,
             "kv_blocks_cached": 0,
+            "block_size": None,
+            "hash_extra_key": None,
         }
     ]
 

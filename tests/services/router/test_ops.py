@@ -40,9 +40,22 @@ def test_cluster_status_shape(cluster: Cluster) -> None:
         "kv_blocks_total": 100,
         "kv_blocks_used": 40,
         "kv_blocks_cached": 12,
+        "block_size": 16,
+        "hash_extra_key": MODEL_NAME,
     }
     assert by_id["ex-b"]["healthy"] is False
     assert status["source"] == "redis"
+    assert status["routing_policy"] == "prefix"
+    assert status["hash_params"] == {
+        "block_size": 16,
+        "extra_key": MODEL_NAME,
+        "source": "executors",
+        "mismatch": False,
+        "disagreeing": [],
+        "groups": [
+            {"block_size": 16, "extra_key": MODEL_NAME, "executors": ["ex-a", "ex-b", "ex-c"]}
+        ],
+    }
 
 
 def test_records_of_other_models_are_ignored(cluster: Cluster) -> None:

@@ -1,0 +1,1 @@
+"""Routing policies on the real local stack (`make bench-routing`)."""

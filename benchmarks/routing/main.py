@@ -1,0 +1,235 @@
+"""`make bench-routing`: every routing policy on the real local stack, same arrivals, cold caches.
+
+For each workload (benchmarks.routing.workloads) and each policy, a fresh stack (Redis, memory
+manager, `--num-executors` executors pinned one core each with one torch thread, a router with
+`--routing-policy`) serves the same seeded requests; the figures per policy go to
+bench/results/routing.json and routing.png, beside the oracle hit rate of the workload. Then
+the simulation (benchmarks.routing_sim) runs the same policies at 8 and 32 executors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from benchmarks.common.report import write_json
+from benchmarks.routing import client, workloads
+from benchmarks.routing.oracle import oracle_hit_rate
+from benchmarks.routing.plot import plot
+from benchmarks.routing.summary import summarize, targets
+from quire.cluster.policies import POLICY_NAMES
+from services.stack.ports import stack_ports
+from services.stack.runner import Stack
+from services.stack.spec import StackConfig
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK_SIZE = 16  # the executors' default (ExecutorSettings.block_size)
+
+# Sizes: the full run is ~10-15 min on 2 cores, --quick a ~2-3 min smoke run.
+FULL = workloads.WorkloadConfig()
+QUICK = workloads.WorkloadConfig(
+    num_conversations=3,
+    max_turns=3,
+    conversation_rate=0.5,
+    think_s=0.5,
+    num_tenants=2,
+    tenant_requests=6,
+    system_prompt_len=128,
+    request_rate=1.0,
+    max_prompt_len=512,
+    max_output_len=4,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.routing", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="a small smoke run (~2-3 min)")
+    p.add_argument("--policies", default=",".join(POLICY_NAMES), help="comma separated")
+    p.add_argument("--workloads", default=",".join(workloads.WORKLOADS), help="comma separated")
+    p.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
+    p.add_argument(
+        "--data",
+        default=str(REPO / "data" / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json"),
+    )
+    p.add_argument("--num-executors", type=int, default=2)
+    p.add_argument("--dtype", default="float32", help="the executors' --dtype")
+    p.add_argument("--num-kv-blocks", type=int, default=1024, help="per executor")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "routing.json")
+    p.add_argument("--no-sim", action="store_true", help="skip the simulation afterwards")
+    return p.parse_args(argv)
+
+
+def stack_config(args: argparse.Namespace, policy: str) -> StackConfig:
+    ports = stack_ports(args.num_executors)
+    return StackConfig(
+        model=args.model,
+        **ports,
+        num_executors=args.num_executors,
+        num_kv_blocks=args.num_kv_blocks,
+        executor_torch_threads=1,
+        pin_executors=True,
+        executor_dtype=args.dtype,
+        routing_policy=policy,
+        redis_prefix=f"quire-routing-{ports['router_port']}",
+        python=sys.executable,
+    )
+
+
+async def wait_healthy(url: str, n: int, timeout_s: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        while time.monotonic() < deadline:
+            try:
+                status = (await http.get(f"{url}/cluster/status")).json()
+                if sum(e["healthy"] for e in status["executors"]) >= n:
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            await asyncio.sleep(0.5)
+    raise RuntimeError(f"fewer than {n} healthy executors after {timeout_s:.0f} s")
+
+
+async def warm_up(url: str, model: str, vocab: int, n: int) -> None:
+    """A few short random prompts (no prefix shared with the workload) to load the kernels."""
+    rng = np.random.default_rng(12345)
+    reqs = [
+        workloads.BenchRequest("warm-up", 0, rng.integers(1000, vocab, 40).tolist(), 4, 0.0)
+        for _ in range(2 * n)
+    ]
+    outcomes, _ = await client.run(url, model, reqs)
+    failed = [o.error for o in outcomes if not o.ok]
+    if failed:
+        raise RuntimeError(f"warm-up failed: {failed[0]}")
+
+
+def run_policy(
+    args: argparse.Namespace,
+    policy: str,
+    runs: dict[str, list[workloads.BenchRequest]],
+    vocab: int,
+) -> dict[str, dict[str, Any]]:
+    """One fresh stack for `policy`, the workloads one after another; figures per workload.
+
+    The workloads share no prefix (the multi-turn prompts open with the model's default
+    system prompt, the tenants' with their own), so one stack serves both from cold caches.
+    """
+    config = stack_config(args, policy)
+    stack = Stack(config, REPO / ".run" / "bench-routing" / policy, cwd=REPO)
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    stack.start(timeout_s=240.0)
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        model = Path(args.model).name
+        asyncio.run(wait_healthy(config.router_url, args.num_executors))
+        asyncio.run(warm_up(config.router_url, model, vocab, args.num_executors))
+        ready_s = time.monotonic() - started
+        for name, requests in runs.items():
+            outcomes, duration = asyncio.run(client.run(config.router_url, model, requests))
+            out[name] = {
+                **summarize(outcomes, duration),
+                "stack_ready_s": ready_s,
+                # The machine's 1-min load average around the run: comparable only when alike.
+                "loadavg_before": load_before,
+                "loadavg_after": os.getloadavg()[0],
+            }
+    finally:
+        stack.stop()
+    return out
+
+
+def progress(name: str, policy: str, r: dict[str, Any], oracle: float) -> None:
+    def f(v: float | None, spec: str) -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    print(
+        f"[{name:10s}] {policy:12s} TTFT p50 {f(r['ttft_p50_ms'], '7.0f')} ms  p99 "
+        f"{f(r['ttft_p99_ms'], '7.0f')} ms  TPOT p99 {f(r['tpot_p99_ms'], '6.0f')} ms  "
+        f"{f(r['output_tok_s'], '6.1f')} tok/s  hit {f(r['hit_rate'], '.3f')} (oracle "
+        f"{oracle:.3f})  failed {r['num_failed']}/{r['num_requests']}  "
+        f"by executor {r['requests_per_executor']}  ({r['duration_s']:.0f} s load, "
+        f"loadavg {r['loadavg_before']:.1f} -> {r['loadavg_after']:.1f})",
+        flush=True,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    extra_key = Path(args.model).name
+    base = QUICK if args.quick else FULL
+    config = workloads.WorkloadConfig(**{**base.__dict__, "seed": args.seed})
+    policies = [p for p in args.policies.split(",") if p]
+    for p in policies:
+        if p not in POLICY_NAMES:
+            raise SystemExit(f"unknown policy {p!r}; one of {', '.join(POLICY_NAMES)}")
+    results: dict[str, Any] = {
+        "config": {
+            **config.__dict__,
+            "quick": args.quick,
+            "num_executors": args.num_executors,
+            "num_kv_blocks": args.num_kv_blocks,
+            "model": extra_key,
+            "executor_torch_threads": 1,
+            "dtype": args.dtype,
+            "pinned": True,
+            "cpu_count": os.cpu_count(),
+        },
+        "workloads": {},
+    }
+    t0 = time.monotonic()
+    runs: dict[str, list[workloads.BenchRequest]] = {}
+    for name in [w for w in args.workloads.split(",") if w]:
+        requests = workloads.build(name, args.data, tokenizer, config)
+        prompts = [r.prompt_token_ids for r in requests]
+        oracle = oracle_hit_rate(prompts, BLOCK_SIZE, extra_key)
+        runs[name] = requests
+        results["workloads"][name] = {
+            "num_requests": len(requests),
+            "prompt_tokens": sum(map(len, prompts)),
+            "output_tokens": sum(r.output_len for r in requests),
+            "oracle_hit_rate": oracle,
+            "policies": {},
+        }
+        print(
+            f"[{name:10s}] {len(requests)} requests, {sum(map(len, prompts))} prompt tokens, "
+            f"{sum(r.output_len for r in requests)} output tokens, oracle hit rate {oracle:.3f}",
+            flush=True,
+        )
+    for policy in policies:
+        for name, r in run_policy(args, policy, runs, len(tokenizer)).items():
+            entry = results["workloads"][name]
+            entry["policies"][policy] = r
+            progress(name, policy, r, entry["oracle_hit_rate"])
+        write_json(args.out, results)
+    if "multi-turn" in results["workloads"]:
+        entry = results["workloads"]["multi-turn"]
+        entry["targets"] = targets(entry["policies"], entry["oracle_hit_rate"])
+        for key, t in entry["targets"].items():
+            met = "met" if t["met"] else "NOT met"
+            print(f"[multi-turn] target {key}: {t['value']:.3f} ({t['target']}) {met}", flush=True)
+    results["total_s"] = time.monotonic() - t0
+    write_json(args.out, results)
+    png = args.out.with_suffix(".png")
+    plot(results, png, f"routing policies, {args.num_executors} executors ({extra_key})")
+    print(f"wrote {args.out} and {png} ({results['total_s']:.0f} s)", flush=True)
+    failed = sum(
+        p["num_failed"] for w in results["workloads"].values() for p in w["policies"].values()
+    )
+    if not args.no_sim:
+        from benchmarks.routing_sim.main import main as sim_main
+
+        sim_main(["--quick"] if args.quick else [])
+    return 1 if failed else 0

@@ -1,0 +1,153 @@
+"""`python -m benchmarks.routing_sim`: the router's policies on 8 and 32 modelled executors.
+
+The same workloads as the stack benchmark (benchmarks.routing.workloads), scaled with the
+executor count so each executor gets the load it gets in the 2-executor run (conversations and
+rates times executors / 2; tenants: max(4, executors / 2) system prompts), through the real
+policy classes (quire.cluster.policies) onto the executor model of benchmarks.routing_sim.model,
+with service rates measured on this machine's engine (calibrate.py). Writes
+bench/results/routing-sim.json and routing-sim.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common.report import write_json
+from benchmarks.routing import workloads
+from benchmarks.routing.main import FULL, QUICK
+from benchmarks.routing.oracle import oracle_hit_rate
+from benchmarks.routing.plot import plot
+from benchmarks.routing_sim import calibrate
+from benchmarks.routing_sim.model import Rates, SimRequest, simulate
+from quire.cluster.policies import POLICY_NAMES, make_policy
+from quire.cluster.recent import RecentRoutes
+
+REPO = Path(__file__).resolve().parents[2]
+BLOCK_SIZE = 16
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.routing_sim", description=__doc__)
+    p.add_argument("--executors", default="8,32", help="cluster sizes, comma separated")
+    p.add_argument("--quick", action="store_true", help="the stack benchmark's --quick sizes")
+    p.add_argument("--cache-blocks", type=int, default=1024, help="prefix cache per executor")
+    p.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
+    p.add_argument(
+        "--data",
+        default=str(REPO / "data" / "sharegpt" / "ShareGPT_V3_unfiltered_cleaned_split.json"),
+    )
+    p.add_argument("--rates", type=Path, default=REPO / "bench" / "results" / "routing-rates.json")
+    p.add_argument("--recalibrate", action="store_true", help="measure the rates again")
+    p.add_argument("--dtype", default="float32", help="the engine's dtype when measuring")
+    p.add_argument(
+        "--recent-s", type=float, default=0.0, help="the prefix policy's --routing-recent-s"
+    )
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "routing-sim.json")
+    return p.parse_args(argv)
+
+
+def load_rates(args: argparse.Namespace) -> tuple[Rates, dict[str, Any]]:
+    """The measured rates (from the JSON, or measured now and written there)."""
+    if args.recalibrate or not args.rates.is_file():
+        print("measuring the engine's prefill and decode rates (one torch thread) ...", flush=True)
+        write_json(args.rates, calibrate.measure(args.model, args.dtype))
+    raw = json.loads(args.rates.read_text())
+    steps = {int(b): s for b, s in raw["decode_step_s"].items()}
+    (b1, s1), (b2, s2) = sorted(steps.items())[:2]
+    per_seq = max(0.0, (s2 - s1) / (b2 - b1))
+    return Rates(raw["prefill_tok_s"], max(1e-4, s1 - per_seq * b1), per_seq), raw
+
+
+def scaled(base: workloads.WorkloadConfig, n: int) -> workloads.WorkloadConfig:
+    k = n / 2
+    return replace(
+        base,
+        num_conversations=int(base.num_conversations * k),
+        tenant_requests=int(base.tenant_requests * k),
+        conversation_rate=base.conversation_rate * k,
+        request_rate=base.request_rate * k,
+        num_tenants=max(base.num_tenants, n // 2),
+    )
+
+
+def summary(result: Any) -> dict[str, Any]:
+    ttft = np.asarray(result.ttft) * 1000
+    tpot = [
+        (e - t) / (o - 1) * 1000
+        for t, e, o in zip(result.ttft, result.e2e, result.output_tokens, strict=True)
+        if o > 1
+    ]
+    busiest = max(result.requests_per_executor.values())
+    return {
+        "ttft_p50_ms": float(np.percentile(ttft, 50)),
+        "ttft_p99_ms": float(np.percentile(ttft, 99)),
+        "tpot_p99_ms": float(np.percentile(tpot, 99)) if tpot else None,
+        "output_tok_s": sum(result.output_tokens) / result.duration_s,
+        "hit_rate": result.cached_tokens / result.prompt_tokens,
+        "duration_s": result.duration_s,
+        "busiest_executor_share": busiest / sum(result.requests_per_executor.values()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from transformers import AutoTokenizer
+
+    rates, raw = load_rates(args)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    extra_key = Path(args.model).name
+    base = QUICK if args.quick else FULL
+    results: dict[str, Any] = {
+        "rates": raw,
+        "cache_blocks": args.cache_blocks,
+        "recent_s": args.recent_s,
+        "sizes": {},
+    }
+    t0 = time.monotonic()
+    for n in [int(x) for x in args.executors.split(",") if x]:
+        config = scaled(base, n)
+        size: dict[str, Any] = {"config": config.__dict__, "workloads": {}}
+        for name in workloads.WORKLOADS:
+            reqs = workloads.build(name, args.data, tokenizer, config)
+            sim_reqs = [SimRequest(r.prompt_token_ids, r.output_len, r.at, r.after) for r in reqs]
+            oracle = oracle_hit_rate([r.prompt_token_ids for r in reqs], BLOCK_SIZE, extra_key)
+            entry: dict[str, Any] = {
+                "num_requests": len(reqs),
+                "oracle_hit_rate": oracle,
+                "policies": {},
+            }
+            for policy in POLICY_NAMES:
+                r = simulate(
+                    make_policy(policy, recent=RecentRoutes(args.recent_s)),
+                    sim_reqs,
+                    n,
+                    rates,
+                    args.cache_blocks,
+                    BLOCK_SIZE,
+                    extra_key,
+                )
+                s = summary(r)
+                entry["policies"][policy] = s
+                print(
+                    f"[sim {n:2d} executors] [{name:10s}] {policy:12s} TTFT p50 "
+                    f"{s['ttft_p50_ms']:8.0f} ms  p99 {s['ttft_p99_ms']:8.0f} ms  "
+                    f"{s['output_tok_s']:7.1f} tok/s  hit {s['hit_rate']:.3f} (oracle "
+                    f"{oracle:.3f})  busiest executor {s['busiest_executor_share']:.2f}",
+                    flush=True,
+                )
+            size["workloads"][name] = entry
+        results["sizes"][str(n)] = size
+        write_json(args.out, results)
+        png = args.out.with_name(f"{args.out.stem}-{n}.png")
+        plot(size, png, f"simulated routing policies, {n} executors")
+    results["total_s"] = time.monotonic() - t0
+    write_json(args.out, results)
+    print(f"wrote {args.out} and its PNGs ({results['total_s']:.0f} s)", flush=True)
+    return 0
