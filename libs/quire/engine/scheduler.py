@@ -20,6 +20,7 @@ from quire.block.allocator import (
     StepAllocation,
 )
 from quire.block.restore import LiveSequenceState
+from quire.block.tables import BlockTables
 from quire.engine.sequence import SeqStatus, Sequence
 
 
@@ -89,6 +90,8 @@ class Scheduler:
         self._pending_frees: list[str] = []
         self._pending_forks: list[ForkRequest] = []
         self._pending_commits: dict[str, int] = {}
+        # The running sequences' block tables, kept current from each step's table updates.
+        self.tables = BlockTables(allocator.block_size)
         self.num_preemptions = 0
 
     # --- queue changes coming from the engine ---------------------------------------------
@@ -123,7 +126,11 @@ class Scheduler:
     def flush(self) -> None:
         """Send pending forks, commits and frees now (when idle, nothing else would carry them)."""
         if self._pending_frees or self._pending_commits or self._pending_forks:
-            self.allocator.step(self._take_pending())
+            request = self._take_pending()
+            self.tables.apply(request, self.allocator.step(request))
+            for seq in self.running:
+                if seq.seq_id in self.tables:
+                    seq.block_table = self.tables.get(seq.seq_id)
 
     def _take_pending(
         self,
@@ -171,6 +178,7 @@ class Scheduler:
         )
         started = time.perf_counter()
         result = self.allocator.step(request)
+        self.tables.apply(request, result)
         out = SchedulerOutput(
             copies=list(result.copies),
             num_not_admitted=len(result.not_admitted),
@@ -185,7 +193,7 @@ class Scheduler:
         self.num_preemptions += len(result.preempted)
         for seq in self.running:
             seq.num_allocated_tokens = seq.num_tokens
-            seq.block_table = result.block_tables[seq.seq_id]
+            seq.block_table = self.tables.get(seq.seq_id)
             if seq.seq_id in plan:
                 out.scheduled.append(self._scheduled(seq, plan[seq.seq_id]))
         not_admitted = set(result.not_admitted)
@@ -198,7 +206,7 @@ class Scheduler:
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
             if seq.index == 0 and seq.request.num_cached_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
-            seq.block_table = result.block_tables[seq.seq_id]
+            seq.block_table = self.tables.get(seq.seq_id)
             if not seq.request.was_scheduled:
                 seq.request.was_scheduled = True
                 out.first_scheduled.append(seq.request.request_id)

@@ -14,6 +14,7 @@ from quire.block.allocator import (
     ForkRequest,
     StepAllocation,
     StepAllocationResult,
+    TableUpdate,
 )
 from quire.block.restore import LiveSequenceState
 from services.rpc import memory_manager_pb2 as pb
@@ -37,6 +38,8 @@ def step_to_proto(executor_id: str, epoch: int, step: StepAllocation) -> pb.Step
             pb.Admit(seq_id=a.seq_id, token_ids=a.token_ids, extra_key=a.extra_key)
             for a in step.admits
         ],
+        verify_tables=step.verify_tables,
+        full_tables=step.full_tables,
     )
 
 
@@ -50,6 +53,8 @@ def step_from_proto(request: pb.StepRequest) -> StepAllocation:
         admits=tuple(
             AdmitRequest(a.seq_id, tuple(a.token_ids), a.extra_key) for a in request.admits
         ),
+        verify_tables=request.verify_tables,
+        full_tables=request.full_tables,
     )
 
 
@@ -63,6 +68,11 @@ def result_to_proto(result: StepAllocationResult) -> pb.StepResponse:
         copies=[pb.BlockCopy(src=src, dst=dst) for src, dst in result.copies],
         preempted=result.preempted,
         not_admitted=result.not_admitted,
+        table_updates={
+            seq_id: pb.TableUpdate(start=update.start, block_ids=update.block_ids)
+            for seq_id, update in result.table_updates.items()
+        },
+        table_checksums=result.table_checksums,
     )
 
 
@@ -76,6 +86,11 @@ def result_from_proto(response: pb.StepResponse) -> StepAllocationResult:
         copies=[(copy.src, copy.dst) for copy in response.copies],
         preempted=list(response.preempted),
         not_admitted=list(response.not_admitted),
+        table_updates={
+            seq_id: TableUpdate(update.start, tuple(update.block_ids))
+            for seq_id, update in response.table_updates.items()
+        },
+        table_checksums=dict(response.table_checksums),
     )
 
 
