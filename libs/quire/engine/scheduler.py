@@ -90,6 +90,9 @@ class Scheduler:
         self._pending_frees: list[str] = []
         self._pending_forks: list[ForkRequest] = []
         self._pending_commits: dict[str, int] = {}
+        # seq_id -> full blocks the allocator has registered for it (hits + commits sent): a
+        # commit that registers no new full block changes nothing and is not sent.
+        self._num_committed_blocks: dict[str, int] = {}
         # The running sequences' block tables, kept current from each step's table updates.
         self.tables = BlockTables(allocator.block_size)
         self.num_preemptions = 0
@@ -109,10 +112,15 @@ class Scheduler:
         self.running.sort(key=lambda s: s.priority)
 
     def commit(self, seq: Sequence) -> None:
-        self._pending_commits[seq.seq_id] = seq.num_computed_tokens
+        """`seq`'s computed tokens, for the prefix index (sent once they fill a new block)."""
+        num_full = seq.num_computed_tokens // self.allocator.block_size
+        if num_full > self._num_committed_blocks.get(seq.seq_id, 0):
+            self._num_committed_blocks[seq.seq_id] = num_full
+            self._pending_commits[seq.seq_id] = seq.num_computed_tokens
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence; its blocks are freed next step."""
+        self._num_committed_blocks.pop(seq.seq_id, None)
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self._pending_frees.append(seq.seq_id)
@@ -204,6 +212,9 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             seq.num_allocated_tokens = seq.num_tokens
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
+            self._num_committed_blocks[seq.seq_id] = (
+                seq.num_computed_tokens // self.allocator.block_size
+            )
             if seq.index == 0 and seq.request.num_cached_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
             seq.block_table = self.tables.get(seq.seq_id)
@@ -230,6 +241,7 @@ class Scheduler:
     def _requeue(self, seq: Sequence) -> None:
         """Preemption by recompute: forget computed KV, wait again in arrival order."""
         seq.status = SeqStatus.WAITING
+        self._num_committed_blocks.pop(seq.seq_id, None)
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
         seq.block_table = []

@@ -59,7 +59,12 @@ def step_from_proto(request: pb.StepRequest) -> StepAllocation:
 
 
 def result_to_proto(result: StepAllocationResult) -> pb.StepResponse:
-    """The Step response for an allocator result."""
+    """The Step response for an allocator result.
+
+    A result with full tables (the request asked `full_tables`) is sent in the
+    pre-delta form: block_tables only, no table_updates (the receiver derives them).
+    """
+    updates = {} if result.block_tables else result.table_updates
     return pb.StepResponse(
         block_tables={
             seq_id: pb.BlockTable(block_ids=table) for seq_id, table in result.block_tables.items()
@@ -70,26 +75,34 @@ def result_to_proto(result: StepAllocationResult) -> pb.StepResponse:
         not_admitted=result.not_admitted,
         table_updates={
             seq_id: pb.TableUpdate(start=update.start, block_ids=update.block_ids)
-            for seq_id, update in result.table_updates.items()
+            for seq_id, update in updates.items()
         },
         table_checksums=result.table_checksums,
     )
 
 
 def result_from_proto(response: pb.StepResponse) -> StepAllocationResult:
-    """The allocator result a Step response carries."""
+    """The allocator result a Step response carries.
+
+    From a pre-delta response (full block_tables), each full table becomes a new-table
+    update (start 0), so the receiver applies both forms the same way.
+    """
+    block_tables = {
+        seq_id: list(table.block_ids) for seq_id, table in response.block_tables.items()
+    }
+    updates = {
+        seq_id: TableUpdate(update.start, tuple(update.block_ids))
+        for seq_id, update in response.table_updates.items()
+    }
+    for seq_id, table in block_tables.items():
+        updates.setdefault(seq_id, TableUpdate(0, tuple(table)))
     return StepAllocationResult(
-        block_tables={
-            seq_id: list(table.block_ids) for seq_id, table in response.block_tables.items()
-        },
+        block_tables=block_tables,
         num_cached_tokens=dict(response.num_cached_tokens),
         copies=[(copy.src, copy.dst) for copy in response.copies],
         preempted=list(response.preempted),
         not_admitted=list(response.not_admitted),
-        table_updates={
-            seq_id: TableUpdate(update.start, tuple(update.block_ids))
-            for seq_id, update in response.table_updates.items()
-        },
+        table_updates=updates,
         table_checksums=dict(response.table_checksums),
     )
 
