@@ -10,7 +10,7 @@ PROTOS := $(wildcard protos/services/rpc/*.proto)
 RPC_STAMP := services/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels loadtest gpu-check clean compose images chaos
+.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels bench-step loadtest gpu-check clean compose images chaos
 .PHONY: compose-up compose-down compose-test chaos-compose
 .PHONY: peer-vllm data kernels-cpu bench-routing
 
@@ -23,6 +23,7 @@ help:
 	@echo "make bench-engine  offline engine benchmark on ShareGPT against vLLM and transformers"
 	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and transformers serve"
 	@echo "make bench-routing routing policies on the local stack + a simulation at 8 and 32 executors"
+	@echo "make bench-step    memory-manager Step bytes/ms, full tables vs deltas -> bench/results/step_size.json"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
 	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
@@ -179,6 +180,11 @@ loadtest: $(STAMP) model data
 
 bench-kernels: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.decode_attention
+
+# Bytes and ms of one memory-manager Step at 16, 64, 256 running sequences, full tables vs
+# deltas, over a real servicer on a local socket (~1 min); BENCH_STEP_ARGS passes options.
+bench-step: $(STAMP) $(RPC_STAMP)
+	$(PY) -m benchmarks.step_size $(BENCH_STEP_ARGS)
 
 gpu-check: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider tests/kernels --device cuda

@@ -48,6 +48,7 @@ def allocator_factory(
             timeout_s=settings.memory_manager_timeout_s,
             step_metadata=step_metadata,
             tls_ca=settings.tls_ca,
+            verify_every=settings.memory_manager_verify_every,
         )
 
     return make

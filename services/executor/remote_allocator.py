@@ -24,6 +24,16 @@ may or may not have been applied), the client:
    free now); forks of an unknown parent and appends to an unknown sequence are
    a bug in the caller and raise ValueError; admits are kept as they are.
 
+Block tables arrive as deltas (quire.block.tables): this client keeps a copy of
+every live table (`BlockTables`) and applies each response's updates to it, which
+also checks that no update starts past the end of its table. Every
+`verify_every`-th step (0: never) asks for checksums of the full tables the step
+names and compares them. A failed check (`TableDriftError`: an update was lost
+or misapplied) is repaired like a restart: the executor's tables say where its KV
+actually is, so the client re-registers with `live_sequences()`, and the manager
+rebuilds its state from them, then the step is retried with verification on. A
+second mismatch raises `RemoteAllocatorError`.
+
 Unreachable managers are retried with exponential backoff (re-registering before
 every retry) for at most `retry_total_s` seconds, then `AllocatorUnavailableError`
 is raised. `register()` retries the same way, so an executor may start first.
@@ -34,6 +44,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import TracebackType
 
 import grpc
@@ -41,6 +52,7 @@ import structlog
 
 from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocationResult
 from quire.block.restore import LiveSequenceState
+from quire.block.tables import BlockTables, TableDriftError
 from services.common import tls
 from services.common.wire.memory_manager import (
     live_to_proto,
@@ -126,10 +138,14 @@ class RemoteBlockAllocator:
         max_backoff_s: float = 1.0,
         step_metadata: Callable[[StepAllocation], Sequence[tuple[str, str]]] | None = None,
         tls_ca: str = "",
+        verify_every: int = 0,
     ) -> None:
         """`step_metadata(step)` is sent as gRPC metadata with that step's Step call (the
         executor sends the request ids the step touches, for the manager's logs).
-        `tls_ca` (a PEM CA bundle path) dials the manager over TLS; '' is plaintext."""
+        `tls_ca` (a PEM CA bundle path) dials the manager over TLS; '' is plaintext.
+        `verify_every`: check the tables' checksums every that many steps (0: never)."""
+        if verify_every < 0:
+            raise ValueError(f"verify_every: must be >= 0, got {verify_every}")
         self.target = target
         self.executor_id = executor_id
         self.epoch = epoch
@@ -145,6 +161,12 @@ class RemoteBlockAllocator:
         self.step_metadata = step_metadata
         self.manager_id: str | None = None  # from the last successful Register
         self.num_registrations = 0
+        self.verify_every = verify_every
+        self.num_steps = 0
+        self.num_resyncs = 0  # table drift repaired by re-registering
+        self.tables = BlockTables(
+            block_size
+        )  # every live sequence's table, as the manager granted it
         self._lock = threading.Lock()
         self._channel = tls.channel(target, tls_ca, _CHANNEL_OPTIONS)
         self._stub = pb_grpc.MemoryManagerStub(self._channel)
@@ -154,6 +176,9 @@ class RemoteBlockAllocator:
     def step(self, request: StepAllocation) -> StepAllocationResult:
         """Apply one engine step on the manager; re-register and retry if it lost us."""
         with self._lock:
+            self.num_steps += 1
+            if self.verify_every and self.num_steps % self.verify_every == 0:
+                request = replace(request, verify_tables=True)
             message = step_to_proto(self.executor_id, self.epoch, request)
             metadata = self.step_metadata(request) if self.step_metadata else None
             try:
@@ -167,7 +192,34 @@ class RemoteBlockAllocator:
                     code=exc.code().name,
                 )
                 response = self._recover_and_step(request, exc, metadata)
-            return result_from_proto(response)
+            result = result_from_proto(response)
+            try:
+                self.tables.apply(request, result)
+            except TableDriftError as exc:
+                result = self._resync_and_step(request, exc, metadata)
+            return result
+
+    def _resync_and_step(
+        self,
+        request: StepAllocation,
+        error: TableDriftError,
+        metadata: Sequence[tuple[str, str]] | None,
+    ) -> StepAllocationResult:
+        """Rebuild the manager from our tables (re-register), retry the step verified."""
+        self.num_resyncs += 1
+        log.warning(
+            "block tables drifted from the memory manager's; re-registering",
+            executor_id=self.executor_id,
+            seq_ids=error.seq_ids[:8],
+            error=str(error),
+        )
+        request = replace(request, verify_tables=True)
+        result = result_from_proto(self._recover_and_step(request, None, metadata))
+        try:
+            self.tables.apply(request, result)
+        except TableDriftError as exc:
+            raise RemoteAllocatorError(f"block tables drifted again after a resync: {exc}") from exc
+        return result
 
     def stats(self) -> AllocatorStats:
         """The executor's pool counters on the manager (one attempt, no re-registration)."""
@@ -239,6 +291,8 @@ class RemoteBlockAllocator:
             live_sequences=[live_to_proto(state) for state in live],
         )
         response = self._stub.Register(request, timeout=self.timeout_s)
+        # The manager now holds exactly these tables; updates apply on top of them.
+        self.tables.reset({s.seq_id: (list(s.block_table), len(s.token_ids)) for s in live})
         self.manager_id = response.manager_id
         self.num_registrations += 1
         log.info(
@@ -253,13 +307,13 @@ class RemoteBlockAllocator:
     def _recover_and_step(
         self,
         request: StepAllocation,
-        error: grpc.RpcError,
+        error: grpc.RpcError | None,
         metadata: Sequence[tuple[str, str]] | None = None,
     ) -> pb.StepResponse:
         deadline = time.monotonic() + self.retry_total_s
         backoff = self.min_backoff_s
-        # A manager that answered NOT_FOUND is up: re-register at once.
-        if error.code() != grpc.StatusCode.NOT_FOUND:
+        # A manager that answered NOT_FOUND (or a resync: it answered) is up: re-register at once.
+        if error is not None and error.code() != grpc.StatusCode.NOT_FOUND:
             backoff = self._sleep(backoff, deadline)
         while True:
             try:

@@ -44,6 +44,11 @@ class ExecutorSettings(BaseSettings):
     memory_manager_timeout_s: float = Field(
         default=5.0, description="deadline of one memory-manager call"
     )
+    memory_manager_verify_every: int = Field(
+        default=64,
+        ge=0,
+        description="check block-table checksums with the memory manager every N steps (0: never)",
+    )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0", description="Redis for liveness records ('' disables)"
     )

@@ -11,6 +11,7 @@ from quire.block.allocator import (
     ForkRequest,
     StepAllocation,
     StepAllocationResult,
+    TableUpdate,
 )
 from quire.block.hashing import (
     HASH_SIZE,
@@ -21,6 +22,7 @@ from quire.block.hashing import (
 from quire.block.manager import BlockManager, LocalBlockAllocator
 from quire.block.pool import BlockPool, BlockState
 from quire.block.restore import LiveSequenceState
+from quire.block.tables import BlockTables, TableDriftError, table_checksum
 
 __all__ = [
     "HASH_SIZE",
@@ -31,13 +33,17 @@ __all__ = [
     "BlockManager",
     "BlockPool",
     "BlockState",
+    "BlockTables",
     "CommitRequest",
     "ForkRequest",
     "LiveSequenceState",
     "LocalBlockAllocator",
     "StepAllocation",
     "StepAllocationResult",
+    "TableDriftError",
+    "TableUpdate",
     "extend_block_hashes",
     "hash_block",
     "hash_full_blocks",
+    "table_checksum",
 ]

@@ -31,6 +31,11 @@ Processing order inside one call (every implementation must follow it):
                    after it are listed in `not_admitted`, holding nothing. If any
                    sequence was preempted in this call, no admit is processed
                    (all are `not_admitted`): preempted work goes back first.
+
+The result carries block tables as deltas (`table_updates`: only the sequences
+whose table changed, and only the changed tail; see quire.block.tables), so a
+step's result is proportional to what changed, not to what is running. The
+caller keeps its own copy of the tables (`quire.block.tables.BlockTables`).
 """
 
 from __future__ import annotations
@@ -86,15 +91,36 @@ class StepAllocation:
     frees: tuple[str, ...] = ()
     appends: tuple[AppendRequest, ...] = ()
     admits: tuple[AdmitRequest, ...] = ()
+    # Also return `table_checksums` for every sequence the step names (drift check).
+    verify_tables: bool = False
+    # Also return `block_tables`, the full table of every sequence the step names (the
+    # pre-delta protocol; kept for comparison benchmarks and debugging).
+    full_tables: bool = False
+
+
+@dataclass(frozen=True)
+class TableUpdate:
+    """A changed block table: new table = the caller's old table[:start] + block_ids."""
+
+    # Entries of the caller's previous table that stay (0: a new table).
+    start: int
+    # Physical block ids from position `start` on, in logical order.
+    block_ids: tuple[int, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        """Length of the table after the update."""
+        return self.start + len(self.block_ids)
 
 
 @dataclass
 class StepAllocationResult:
     """What the step got: tables for every live sequence touched, hits, copies."""
 
-    # seq_id -> full block table (physical block ids, logical order), for every
-    # sequence in forks (child), appends (not preempted) and admits (admitted).
-    block_tables: dict[str, list[int]] = field(default_factory=dict)
+    # seq_id -> how its table changed, for every live sequence whose table changed:
+    # fork children and admitted prompts (start 0), appends that took a new block or
+    # copied their last one. Unchanged tables are absent.
+    table_updates: dict[str, TableUpdate] = field(default_factory=dict)
     # seq_id -> number of leading tokens whose KV is already cached (admits only).
     num_cached_tokens: dict[str, int] = field(default_factory=dict)
     # (src, dst) physical block copies to perform before the forward pass.
@@ -103,6 +129,11 @@ class StepAllocationResult:
     preempted: list[str] = field(default_factory=list)
     # Admit requests that did not fit, in request order.
     not_admitted: list[str] = field(default_factory=list)
+    # With `verify_tables`: seq_id -> quire.block.tables.table_checksum of its full
+    # table, for every sequence the step names (fork children, appends, admits).
+    table_checksums: dict[str, int] = field(default_factory=dict)
+    # With `full_tables`: seq_id -> full table, for the same sequences.
+    block_tables: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

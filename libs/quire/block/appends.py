@@ -23,6 +23,10 @@ from quire.block.allocator import AppendRequest, StepAllocationResult
 from quire.block.pool import BlockPool
 from quire.block.sequence import SequenceState, cdiv
 
+# seq_id -> (table length, last block id) before this step touched it; None for a table
+# that is new this step (admitted or forked). The step's `TableUpdate`s come from it.
+Touched = dict[str, tuple[int, int] | None]
+
 
 class AppendPhase:
     """Applies one step's appends to `seqs`, recording into `result`."""
@@ -33,11 +37,13 @@ class AppendPhase:
         seqs: dict[str, SequenceState],
         block_size: int,
         result: StepAllocationResult,
+        touched: Touched,
     ) -> None:
         self.pool = pool
         self.seqs = seqs
         self.block_size = block_size
         self.result = result
+        self.touched = touched
         # Copy source block -> (copier seq id, table index, destination block), per copy.
         self._copies_from: dict[int, list[tuple[str, int, int]]] = {}
 
@@ -60,7 +66,6 @@ class AppendPhase:
             if index > last_running:
                 break
             self._append(append.seq_id, seq, append.token_ids)
-            self.result.block_tables[append.seq_id] = list(seq.block_table)
 
     def _blocks_needed(self, seq: SequenceState, num_new: int) -> int:
         if num_new == 0:
@@ -74,6 +79,8 @@ class AppendPhase:
     def _append(self, seq_id: str, seq: SequenceState, token_ids: tuple[int, ...]) -> None:
         if not token_ids:
             return
+        if seq_id not in self.touched:
+            self.touched[seq_id] = (len(seq.block_table), seq.block_table[-1])
         if len(seq.token_ids) % self.block_size:
             last = seq.block_table[-1]
             if self.pool.refcount(last) > 1:
@@ -96,7 +103,6 @@ class AppendPhase:
         for block_id in self.pool.release_tail_first(seq.block_table):
             if self._copies_from.get(block_id):
                 self._withdraw_copy(block_id)
-        self.result.block_tables.pop(seq_id, None)  # a child forked in this step
         self.result.preempted.append(seq_id)
 
     def _withdraw_copy(self, src: int) -> None:
@@ -108,7 +114,6 @@ class AppendPhase:
         copier.block_table[index] = src
         self.pool.release(dst)
         self.result.copies.remove((src, dst))
-        self.result.block_tables[copier_id] = list(copier.block_table)
 
     def _allocate(self) -> int:
         block_id = self.pool.allocate()

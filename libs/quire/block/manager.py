@@ -21,12 +21,14 @@ from quire.block.allocator import (
     ForkRequest,
     StepAllocation,
     StepAllocationResult,
+    TableUpdate,
 )
-from quire.block.appends import AppendPhase
+from quire.block.appends import AppendPhase, Touched
 from quire.block.hashing import extend_block_hashes
 from quire.block.pool import BlockPool
 from quire.block.restore import LiveSequenceState, validate_live_sequences
 from quire.block.sequence import SequenceState, cdiv
+from quire.block.tables import named_seq_ids, table_checksum
 from quire.block.validation import validate_step
 
 
@@ -56,6 +58,10 @@ class BlockManager:
 
     def has_seq(self, seq_id: str) -> bool:
         return seq_id in self._seqs
+
+    def seq_ids(self) -> list[str]:
+        """Every live sequence, in the order it entered the pool."""
+        return list(self._seqs)
 
     def block_table(self, seq_id: str) -> list[int]:
         """A copy of the live sequence's block table."""
@@ -131,26 +137,54 @@ class BlockManager:
         """Apply one engine step's forks, commits, frees, appends and admits, in that order."""
         validate_step(request, self._num_tokens_or_none)
         result = StepAllocationResult()
+        touched: Touched = {}
         for fork in request.forks:
-            self._fork(fork, result)
+            self._fork(fork)
+            touched[fork.child_seq_id] = None
         if self.enable_prefix_caching:
             for commit in request.commits:
                 self._commit(commit)
         for seq_id in request.frees:
             self._release_seq(seq_id)
-            result.block_tables.pop(seq_id, None)  # a child forked in this step
-        AppendPhase(self.pool, self._seqs, self.block_size, result).run(request.appends)
+        AppendPhase(self.pool, self._seqs, self.block_size, result, touched).run(request.appends)
         self._num_copies += len(result.copies)
         self._num_preemptions += len(result.preempted)
         if result.preempted:
             # Preempted work goes back to the queue first: no admits this step.
             result.not_admitted = [admit.seq_id for admit in request.admits]
-            return result
-        for index, admit in enumerate(request.admits):
-            if not self._admit(admit, result):
-                result.not_admitted = [a.seq_id for a in request.admits[index:]]
-                break
+        else:
+            for index, admit in enumerate(request.admits):
+                if not self._admit(admit, result):
+                    result.not_admitted = [a.seq_id for a in request.admits[index:]]
+                    break
+                touched[admit.seq_id] = None
+        self._record_tables(request, result, touched)
         return result
+
+    def _record_tables(
+        self, request: StepAllocation, result: StepAllocationResult, touched: Touched
+    ) -> None:
+        """The step's table updates (and, if asked, checksums and full tables)."""
+        for seq_id, before in touched.items():
+            seq = self._seqs.get(seq_id)
+            if seq is None:
+                continue  # freed or preempted after it was touched
+            table = seq.block_table
+            if before is None:
+                result.table_updates[seq_id] = TableUpdate(0, tuple(table))
+                continue
+            # Appends change at most the last block (copy-on-write) and add blocks after it.
+            old_len, old_last = before
+            start = old_len if table[old_len - 1] == old_last else old_len - 1
+            if start < len(table):
+                result.table_updates[seq_id] = TableUpdate(start, tuple(table[start:]))
+        if request.verify_tables or request.full_tables:
+            for seq_id in named_seq_ids(request, result):
+                table = self._seqs[seq_id].block_table
+                if request.verify_tables:
+                    result.table_checksums[seq_id] = table_checksum(table)
+                if request.full_tables:
+                    result.block_tables[seq_id] = list(table)
 
     def _release_seq(self, seq_id: str) -> None:
         self.pool.release_tail_first(self._seqs.pop(seq_id).block_table)
@@ -165,12 +199,11 @@ class BlockManager:
             self.pool.register(seq.block_table[index], seq.block_hashes[index])
         seq.num_registered_blocks = num_full
 
-    def _fork(self, fork: ForkRequest, result: StepAllocationResult) -> None:
+    def _fork(self, fork: ForkRequest) -> None:
         child = self._seqs[fork.parent_seq_id].fork()
         for block_id in child.block_table:
             self.pool.touch(block_id)
         self._seqs[fork.child_seq_id] = child
-        result.block_tables[fork.child_seq_id] = list(child.block_table)
 
     # ----------------------------------------------------------------- admits
 
@@ -209,7 +242,6 @@ class BlockManager:
         if self.enable_prefix_caching:
             self._num_queries += len(token_ids)
             self._num_hits += num_cached
-        result.block_tables[admit.seq_id] = list(seq.block_table)
         result.num_cached_tokens[admit.seq_id] = num_cached
         return True
 

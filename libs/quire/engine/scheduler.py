@@ -20,6 +20,7 @@ from quire.block.allocator import (
     StepAllocation,
 )
 from quire.block.restore import LiveSequenceState
+from quire.block.tables import BlockTables
 from quire.engine.sequence import SeqStatus, Sequence
 
 
@@ -89,6 +90,11 @@ class Scheduler:
         self._pending_frees: list[str] = []
         self._pending_forks: list[ForkRequest] = []
         self._pending_commits: dict[str, int] = {}
+        # seq_id -> full blocks the allocator has registered for it (hits + commits sent): a
+        # commit that registers no new full block changes nothing and is not sent.
+        self._num_committed_blocks: dict[str, int] = {}
+        # The running sequences' block tables, kept current from each step's table updates.
+        self.tables = BlockTables(allocator.block_size)
         self.num_preemptions = 0
 
     # --- queue changes coming from the engine ---------------------------------------------
@@ -106,10 +112,15 @@ class Scheduler:
         self.running.sort(key=lambda s: s.priority)
 
     def commit(self, seq: Sequence) -> None:
-        self._pending_commits[seq.seq_id] = seq.num_computed_tokens
+        """`seq`'s computed tokens, for the prefix index (sent once they fill a new block)."""
+        num_full = seq.num_computed_tokens // self.allocator.block_size
+        if num_full > self._num_committed_blocks.get(seq.seq_id, 0):
+            self._num_committed_blocks[seq.seq_id] = num_full
+            self._pending_commits[seq.seq_id] = seq.num_computed_tokens
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence; its blocks are freed next step."""
+        self._num_committed_blocks.pop(seq.seq_id, None)
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self._pending_frees.append(seq.seq_id)
@@ -123,7 +134,11 @@ class Scheduler:
     def flush(self) -> None:
         """Send pending forks, commits and frees now (when idle, nothing else would carry them)."""
         if self._pending_frees or self._pending_commits or self._pending_forks:
-            self.allocator.step(self._take_pending())
+            request = self._take_pending()
+            self.tables.apply(request, self.allocator.step(request))
+            for seq in self.running:
+                if seq.seq_id in self.tables:
+                    seq.block_table = self.tables.get(seq.seq_id)
 
     def _take_pending(
         self,
@@ -177,6 +192,7 @@ class Scheduler:
         )
         started = time.perf_counter()
         result = self.allocator.step(request)
+        self.tables.apply(request, result)
         out = SchedulerOutput(
             copies=list(result.copies),
             num_not_admitted=len(result.not_admitted),
@@ -191,7 +207,7 @@ class Scheduler:
         self.num_preemptions += len(result.preempted)
         for seq in self.running:
             seq.num_allocated_tokens = seq.num_tokens
-            seq.block_table = result.block_tables[seq.seq_id]
+            seq.block_table = self.tables.get(seq.seq_id)
             if seq.seq_id in plan:
                 out.scheduled.append(self._scheduled(seq, plan[seq.seq_id]))
         not_admitted = set(result.not_admitted)
@@ -202,9 +218,12 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             seq.num_allocated_tokens = seq.num_tokens
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
+            self._num_committed_blocks[seq.seq_id] = (
+                seq.num_computed_tokens // self.allocator.block_size
+            )
             if seq.index == 0 and seq.request.num_cached_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
-            seq.block_table = result.block_tables[seq.seq_id]
+            seq.block_table = self.tables.get(seq.seq_id)
             if not seq.request.was_scheduled:
                 seq.request.was_scheduled = True
                 out.first_scheduled.append(seq.request.request_id)
@@ -228,6 +247,7 @@ class Scheduler:
     def _requeue(self, seq: Sequence) -> None:
         """Preemption by recompute: forget computed KV, wait again in arrival order."""
         seq.status = SeqStatus.WAITING
+        self._num_committed_blocks.pop(seq.seq_id, None)
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
         seq.block_table = []

@@ -18,6 +18,7 @@ from quire.block import (
     StepAllocation,
     StepAllocationResult,
 )
+from tests.libs.block.mirror import checked_step
 
 BS = 4
 
@@ -35,7 +36,7 @@ def commit(seq_id: str, num_computed_tokens: int) -> CommitRequest:
 
 
 def run(manager: BlockManager, **fields: object) -> StepAllocationResult:
-    result = manager.step(StepAllocation(**fields))  # type: ignore[arg-type]
+    result = checked_step(manager, StepAllocation(**fields))  # type: ignore[arg-type]
     manager.check_integrity()
     return result
 

@@ -17,6 +17,7 @@ from quire.block import (
     StepAllocationResult,
     hash_full_blocks,
 )
+from tests.libs.block.mirror import checked_step
 
 BS = 4
 A = list(range(100, 110))  # 10 tokens: 2 full blocks + 2
@@ -34,7 +35,7 @@ def live(
 
 
 def run(manager: BlockManager, **fields: object) -> StepAllocationResult:
-    result = manager.step(StepAllocation(**fields))  # type: ignore[arg-type]
+    result = checked_step(manager, StepAllocation(**fields))  # type: ignore[arg-type]
     manager.check_integrity()
     return result
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from quire.block.allocator import StepAllocation, StepAllocationResult
 from quire.block.manager import BlockManager
 from quire.engine.model_runner import ModelRunnerOutput, SampledToken
 from quire.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
@@ -151,3 +152,38 @@ def test_update_stops_on_eos_stop_token_and_length() -> None:
     assert length.finish_reason == "length" and not sched.running
     sched.flush()
     assert manager.stats().num_blocks_used == 0
+
+
+class RecordingManager(BlockManager):
+    """A BlockManager that keeps every request it was sent."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.requests: list[StepAllocation] = []
+
+    def step(self, request: StepAllocation) -> StepAllocationResult:
+        self.requests.append(request)
+        return super().step(request)
+
+
+def test_commits_are_sent_when_a_block_fills_and_prefix_hits_still_happen() -> None:
+    manager = RecordingManager(64, 4)
+    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=100), manager)
+    a = make_seq("a", 0, 6, max_tokens=8)
+    sched.add(a)
+    for _ in range(8):
+        run_step(sched)
+    commits = [c.num_computed_tokens for r in manager.requests for c in r.commits]
+    # Computed 6 (1 full block), 7, 8 (2), 9, ..., 12 (3), 13: one commit per new full block.
+    assert commits == [6, 8, 12]
+    table = list(a.block_table)
+    assert table == manager.block_table("a#0")
+    sched.finish(a)
+    sched.flush()
+    # A prompt repeating a's first 12 tokens hits its 3 committed blocks.
+    b = make_seq("b", 1, 13)
+    b.token_ids[:] = a.token_ids[:12] + [5]
+    sched.add(b)
+    out = sched.schedule()
+    assert b.num_computed_tokens == 12
+    assert out.scheduled[0].block_table[:3] == table[:3]

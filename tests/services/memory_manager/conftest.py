@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from quire.block import LiveSequenceState, StepAllocation, StepAllocationResult
+from quire.block import BlockTables, LiveSequenceState, StepAllocation, StepAllocationResult
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.memory_manager.server import MemoryManagerServer
 from services.memory_manager.settings import Settings
@@ -70,7 +70,10 @@ class ExecutorMirror:
     def live_sequences(self) -> list[LiveSequenceState]:
         return list(self.seqs.values())
 
-    def apply(self, step: StepAllocation, result: StepAllocationResult) -> None:
+    def apply(
+        self, step: StepAllocation, result: StepAllocationResult, tables: BlockTables
+    ) -> None:
+        """`tables`: the allocator's copy, with this step's updates applied."""
         for fork in step.forks:
             self.seqs[fork.child_seq_id] = self._with(
                 self.seqs[fork.parent_seq_id], seq_id=fork.child_seq_id
@@ -91,7 +94,7 @@ class ExecutorMirror:
                     state, token_ids=state.token_ids + append.token_ids
                 )
         for admit in step.admits:
-            if admit.seq_id in result.block_tables:
+            if admit.seq_id not in result.not_admitted:
                 self.seqs[admit.seq_id] = LiveSequenceState(
                     admit.seq_id,
                     admit.token_ids,
@@ -99,7 +102,8 @@ class ExecutorMirror:
                     result.num_cached_tokens[admit.seq_id],
                     admit.extra_key,
                 )
-        for seq_id, table in result.block_tables.items():
+        for seq_id in result.table_updates:
+            table = tables.get(seq_id)
             self.seqs[seq_id] = self._with(self.seqs[seq_id], block_table=tuple(table))
 
     @staticmethod
@@ -138,5 +142,9 @@ class MirroredAllocator:
         step = StepAllocation(**fields)
         self.last_step = step
         result = self.allocator.step(step)
-        self.mirror.apply(step, result)
+        self.mirror.apply(step, result, self.allocator.tables)
         return result
+
+    def tables(self, *seq_ids: str) -> dict[str, list[int]]:
+        """The executor's copy of these sequences' tables (built from the updates)."""
+        return {seq_id: self.allocator.tables.get(seq_id) for seq_id in seq_ids}

@@ -66,7 +66,7 @@ def test_sigkill_restart_reregisters_with_live_sequences(
         appends=(AppendRequest("a", (3,)), AppendRequest("c", (4,))),
     )
     assert executor.allocator.num_registrations == 2
-    assert result.block_tables == {"a": list(tables["a"]), "c": list(tables["c"])}
+    assert executor.tables("a", "c") == {"a": list(tables["a"]), "c": list(tables["c"])}
     assert result.copies == [] and result.preempted == []
     stats = executor.allocator.stats()
     assert stats.num_blocks_used == used_before - 3  # b's three blocks are free now
@@ -75,7 +75,7 @@ def test_sigkill_restart_reregisters_with_live_sequences(
     # And serves the rebuilt state like the original: a prefix hit on a's blocks.
     result = executor.step(admits=(AdmitRequest("d", A[:8] + (0,)),))
     assert result.num_cached_tokens == {"d": 8}
-    assert result.block_tables["d"][:2] == list(tables["a"][:2])
+    assert executor.tables("d")["d"][:2] == list(tables["a"][:2])
     executor.allocator.close()
 
 

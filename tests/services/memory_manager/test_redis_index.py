@@ -6,7 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from quire.block import AdmitRequest, CommitRequest, StepAllocation, hash_full_blocks
+from quire.block import (
+    AdmitRequest,
+    CommitRequest,
+    StepAllocation,
+    TableUpdate,
+    hash_full_blocks,
+)
 from quire.cluster.registry import prefix_key
 from services.executor.remote_allocator import RemoteBlockAllocator
 from tests.services.conftest import RedisServer, wait_for
@@ -55,10 +61,10 @@ def test_committed_blocks_published_and_evicted_ones_removed(
         # c takes the two never-used blocks and a's partial tail block: nothing evicted;
         # d then reuses a's cached blocks 1 and 0: both hashes leave the index.
         result = remote.step(StepAllocation(admits=(AdmitRequest("c", C),)))
-        assert result.block_tables == {"c": [6, 7, 2]}
+        assert result.table_updates == {"c": TableUpdate(0, (6, 7, 2))}
         expect_members(redis_server, 1, {*HA, *HB})
         result = remote.step(StepAllocation(admits=(AdmitRequest("d", D),)))
-        assert result.block_tables == {"d": [1, 0]}
+        assert result.table_updates == {"d": TableUpdate(0, (1, 0))}
         expect_members(redis_server, 1, set(HB))
         remote.deregister()
         client = redis_server.client()

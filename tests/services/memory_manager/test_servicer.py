@@ -17,6 +17,7 @@ from quire.block import (
     CommitRequest,
     ForkRequest,
     StepAllocation,
+    TableUpdate,
 )
 from services.common.wire.memory_manager import step_to_proto
 from services.executor.remote_allocator import RemoteBlockAllocator, StaleEpochError
@@ -99,7 +100,7 @@ def test_remote_allocator_matches_in_process_block_manager(manager: ManagerThrea
     assert results[3].not_admitted == ["e"]
     assert results[4].preempted == ["d"]
     assert results[4].not_admitted == ["e"]
-    assert results[5].block_tables == {"e": [0, 1, 6]}
+    assert results[5].table_updates == {"e": TableUpdate(0, (0, 1, 6))}
     assert results[5].num_cached_tokens == {"e": 8}
     allocator.deregister()
     allocator.close()
@@ -211,4 +212,6 @@ def test_new_epoch_replaces_state(stub: pb_grpc.MemoryManagerStub) -> None:
     response = stub.Step(
         step_to_proto("e1", 2, StepAllocation(appends=(AppendRequest("z", (6, 7, 8, 9)),)))
     )
-    assert list(response.block_tables["z"].block_ids) == [6, 7, 0]
+    # z's third block is new; its first two stay.
+    update = response.table_updates["z"]
+    assert (update.start, list(update.block_ids)) == (2, [0])
