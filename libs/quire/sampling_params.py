@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from quire.structured_params import StructuredOutputParams
+
 MAX_LOGPROBS = 20  # most top-k logprobs returned per token
 MAX_N = 128  # most parallel samples per request
 MAX_STOP_STRINGS = 16
@@ -41,6 +43,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # CTRL-style, over prompt + generated tokens, > 0
     include_stop_str_in_output: bool = False  # keep a matched stop string in the text
     skip_special_tokens: bool = True  # drop special tokens from the text
+    # The grammar the output must follow, enforced while decoding; None = unconstrained.
+    structured: StructuredOutputParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -70,6 +74,8 @@ class SamplingParams:
             raise ValueError("stop strings must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be non-negative integers")
+        if self.structured is not None and not isinstance(self.structured, StructuredOutputParams):
+            raise ValueError("structured must be a StructuredOutputParams")
 
     @property
     def is_greedy(self) -> bool:

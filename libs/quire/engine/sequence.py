@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -80,6 +81,9 @@ class Request:
     # One per output index, seeded at arrival (None for greedy): output i draws from
     # generators[i] from its first token on, forked or not.
     generators: list[torch.Generator | None] = field(default_factory=list)
+    # Structured outputs only: each output index's grammar matcher (quire.engine.structured),
+    # which has accepted exactly that output's tokens.
+    grammar_matchers: dict[int, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.generators:
