@@ -46,11 +46,19 @@ class PromptProcessor:
             "prompt",
         )
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+    @property
+    def template_has_tools(self) -> bool:
+        """Whether the chat template renders `tools` (what tool_choice "auto" needs)."""
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        return "tools" in str(template)
+
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Render the chat template (with the generation prompt) and tokenize it."""
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # jinja errors carry the template's own message
             raise bad_request(f"cannot apply the chat template: {exc}", "messages") from exc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
@@ -20,10 +20,16 @@ from services.router.schemas import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatResponseMessage,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
     UsageInfo,
 )
+from services.router.structured import check_spec
 from services.router.token_text import TokenText
+from services.router.tool_calls import ForcedCall, ToolCallParser, forced_call
 
 router = APIRouter(tags=["chat"])
 
@@ -36,13 +42,28 @@ async def create_chat_completion(
     state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    prompt = state.prompts.chat_prompt([m.for_template() for m in body.messages])
+    structured = body.requested_structured()
+    call = forced_call(
+        body.tools, body.tool_choice, body.parallel_tool_calls, state.prompts.template_has_tools
+    )
+    if call is not None:
+        if structured is not None:
+            raise bad_request(
+                f"{structured[0]} cannot be combined with a forced tool call", structured[0]
+            )
+        structured = ("tools", call.spec)
+    if structured is not None:
+        check_spec(structured[1], structured[0])
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    prompt = state.prompts.chat_prompt([m.for_template() for m in body.messages], tools)
     requested = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "messages"
     max_tokens = state.prompts.check_context(prompt, requested, param)
     params = build_params(body, max_tokens, (body.top_logprobs or 0) if body.logprobs else None)
+    if structured is not None:
+        params.structured = structured[1]
     response_id = new_id("chatcmpl")
-    shape = ChatShape(state.token_text, response_id, state.settings.model_name, body.logprobs)
+    shape = ChatShape(state.token_text, response_id, state.settings.model_name, body.logprobs, call)
     return await serve_generation(
         request, state, response_id, [prompt], params, requested, body, shape
     )
@@ -56,6 +77,8 @@ class ChatShape:
     response_id: str
     model: str
     with_logprobs: bool
+    tool_call: ForcedCall | None = None  # a forced call: the text becomes tool_calls
+    _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
 
     def opening(self, num_choices: int) -> list[BaseModel]:
         """Every choice's first chunk names the assistant role, before any content."""
@@ -73,9 +96,9 @@ class ChatShape:
                 [
                     ChatChunkChoice(
                         index=u.index,
-                        delta=DeltaMessage(content=u.text) if u.text else DeltaMessage(),
+                        delta=self._delta(u),
                         logprobs=self._logprobs(u),
-                        finish_reason=u.finish_reason,
+                        finish_reason=self._finish_reason(u.finish_reason),
                         stop_reason=u.stop_reason,
                     )
                 ]
@@ -95,15 +118,48 @@ class ChatShape:
             choices=[
                 ChatChoice(
                     index=c.index,
-                    message=ChatResponseMessage(content=c.text),
+                    message=self._message(c),
                     logprobs=self._logprobs(c),
-                    finish_reason=c.finish_reason,
+                    finish_reason=self._finish_reason(c.finish_reason),
                     stop_reason=c.stop_reason,
                 )
                 for c in choices
             ],
             usage=usage,
         )
+
+    def _delta(self, update: ChoiceUpdate) -> DeltaMessage:
+        if self.tool_call is None:
+            return DeltaMessage(content=update.text) if update.text else DeltaMessage()
+        parser = self._parsers.setdefault(update.index, ToolCallParser(self.tool_call.name))
+        calls = [
+            DeltaToolCall(
+                index=d.index,
+                id=d.id,
+                type="function" if d.id else None,
+                function=DeltaFunctionCall(name=d.name, arguments=d.arguments),
+            )
+            for d in parser.feed(update.text)
+        ]
+        return DeltaMessage(tool_calls=calls) if calls else DeltaMessage()
+
+    def _message(self, choice: ChoiceUpdate) -> ChatResponseMessage:
+        """The reply; a forced call's text as tool_calls (as text if it was cut short)."""
+        if self.tool_call is None:
+            return ChatResponseMessage(content=choice.text)
+        parser = ToolCallParser(self.tool_call.name)
+        parser.feed(choice.text)
+        if choice.finish_reason != "stop" or not parser.is_complete():
+            return ChatResponseMessage(content=choice.text)
+        calls = [
+            ToolCall(id=c.id or "", function=FunctionCall(name=c.name or "", arguments=c.arguments))
+            for c in parser.calls
+        ]
+        return ChatResponseMessage(content=None, tool_calls=calls)
+
+    def _finish_reason(self, reason: str | None) -> str | None:
+        # The grammar of a forced call ended it: OpenAI says "tool_calls".
+        return "tool_calls" if self.tool_call is not None and reason == "stop" else reason
 
     def _chunk(
         self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None

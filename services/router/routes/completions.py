@@ -19,6 +19,7 @@ from services.router.schemas import (
     CompletionResponse,
     UsageInfo,
 )
+from services.router.structured import check_spec
 from services.router.token_text import TokenText
 
 router = APIRouter(tags=["completions"])
@@ -34,9 +35,14 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
         raise bad_request("suffix is not supported", "suffix")
     if body.best_of is not None and body.best_of != body.n:
         raise bad_request("best_of must equal n (no server-side best-of selection)", "best_of")
+    structured = body.requested_structured()
+    if structured is not None:
+        check_spec(structured[1], structured[0])
     prompts = state.prompts.completion_prompts(body.prompt)
     max_tokens = min(state.prompts.check_context(p, body.max_tokens, "prompt") for p in prompts)
     params = build_params(body, max_tokens, body.logprobs)
+    if structured is not None:
+        params.structured = structured[1]
     response_id = new_id("cmpl")
     shape = CompletionShape(
         state.token_text, response_id, state.settings.model_name, body.logprobs is not None
