@@ -9,6 +9,7 @@ are masked out of the logits, and the output ends ("stop") once the grammar is c
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,3 +87,35 @@ class StructuredOutputParams:
 def choice_grammar(choices: tuple[str, ...]) -> str:
     """An EBNF grammar whose language is exactly `choices` (JSON string literals are EBNF's)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def parse_grammar(params: StructuredOutputParams) -> Any:
+    """The tokenizer-free xgrammar `Grammar` of a spec; ValueError naming what is wrong.
+
+    Parsing catches the errors a spec can have (bad schema, regex or EBNF), so the router runs
+    this without a tokenizer before any executor sees the request; the engine compiles the
+    result against its model's tokenizer.
+    """
+    import xgrammar as xgr
+
+    try:
+        if params.json is not None:
+            # No free whitespace: a model could otherwise pad the output with it forever.
+            return xgr.Grammar.from_json_schema(str(params.json), any_whitespace=False)
+        if params.json_object:
+            return xgr.Grammar.builtin_json_grammar()
+        if params.regex is not None:
+            return xgr.Grammar.from_regex(params.regex)
+        if params.choice is not None:
+            return xgr.Grammar.from_ebnf(choice_grammar(tuple(params.choice)))
+        assert params.grammar is not None, "a StructuredOutputParams sets one field"
+        return xgr.Grammar.from_ebnf(params.grammar)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ValueError(f"invalid {params.kind}: {first_line(exc)}") from exc
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, first line only and bounded (xgrammar's can be long)."""
+    text = str(exc).strip() or type(exc).__name__
+    # xgrammar prefixes "[hh:mm:ss] /path/file.cc:line: "; the client needs only the rest.
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", text.splitlines()[0])[:500]

@@ -145,8 +145,12 @@ def _parse_error(key: tuple[str, str]) -> str | None:
         spec = StructuredOutputParams(choice=json.loads(text))
     elif kind == "json_object":
         spec = StructuredOutputParams(json_object=True)
+    elif kind == "json":
+        spec = StructuredOutputParams(json=text)
+    elif kind == "regex":
+        spec = StructuredOutputParams(regex=text)
     else:
-        spec = StructuredOutputParams(**{kind: text})
+        spec = StructuredOutputParams(grammar=text)
     try:
         parse_grammar(spec)
     except ValueError as exc:

@@ -25,37 +25,9 @@ from typing import Any
 import torch
 
 from quire.engine.sequence import Request
-from quire.structured_params import StructuredOutputParams, choice_grammar
+from quire.structured_params import StructuredOutputParams, first_line, parse_grammar
 
 CACHE_SIZE = 256  # compiled grammars kept per engine (LRU)
-
-
-def grammar_from_spec(params: StructuredOutputParams) -> Any:
-    """The tokenizer-free xgrammar `Grammar` of a spec; ValueError naming what is wrong.
-
-    Parsing catches every error the spec can have (bad schema, regex or EBNF), so the router
-    runs this without a tokenizer before any executor sees the request.
-    """
-    import xgrammar as xgr
-
-    try:
-        if params.json is not None:
-            return xgr.Grammar.from_json_schema(str(params.json), any_whitespace=False)
-        if params.json_object:
-            return xgr.Grammar.builtin_json_grammar()
-        if params.regex is not None:
-            return xgr.Grammar.from_regex(params.regex)
-        if params.choice is not None:
-            return xgr.Grammar.from_ebnf(choice_grammar(tuple(params.choice)))
-        assert params.grammar is not None, "a StructuredOutputParams sets one field"
-        return xgr.Grammar.from_ebnf(params.grammar)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise ValueError(f"invalid {params.kind}: {_first_line(exc)}") from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0][:500] if text else text
 
 
 class StructuredOutputs:
@@ -88,11 +60,11 @@ class StructuredOutputs:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        grammar = grammar_from_spec(params)
+        grammar = parse_grammar(params)
         try:
             compiled = self._get_compiler().compile_grammar(grammar)
         except (RuntimeError, ValueError) as exc:
-            raise ValueError(f"invalid {params.kind}: {_first_line(exc)}") from exc
+            raise ValueError(f"invalid {params.kind}: {first_line(exc)}") from exc
         with self._lock:
             self._cache[key] = compiled
             while len(self._cache) > CACHE_SIZE:
