@@ -21,8 +21,8 @@ MAX_SPEC_CHARS = 256 * 1024  # longest schema / regex / grammar text
 class StructuredOutputParams:
     """One output constraint; validated (shape only, not compiled) on construction.
 
-    A `json` schema given as a dict is stored as canonical JSON text, so two equal schemas
-    share one compiled grammar.
+    A `json` schema given as a dict is stored as JSON text (its key order kept: that is the
+    order the output writes properties in); equal texts share one compiled grammar.
     """
 
     json: str | dict[str, Any] | None = None  # a JSON schema the output must validate against
@@ -33,7 +33,8 @@ class StructuredOutputParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.json, dict | bool):
-            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+            # Key order kept: a schema's property order is the order the output writes them.
+            object.__setattr__(self, "json", json.dumps(self.json))
         if self.choice is not None:
             object.__setattr__(self, "choice", tuple(self.choice))
         set_fields = [

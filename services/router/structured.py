@@ -123,7 +123,7 @@ class StructuredFields(BaseModel):
 
 def _json_text(value: str | dict[str, Any], field: str) -> str:
     if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True)
+        return json.dumps(value)  # key order kept: the output follows it
     try:
         json.loads(value)
     except ValueError as exc:

@@ -98,7 +98,9 @@ class ChatShape:
                         index=u.index,
                         delta=self._delta(u),
                         logprobs=self._logprobs(u),
-                        finish_reason=self._finish_reason(u.finish_reason),
+                        finish_reason=self._finish_reason(
+                            u.finish_reason, self._parsers.get(u.index)
+                        ),
                         stop_reason=u.stop_reason,
                     )
                 ]
@@ -118,12 +120,12 @@ class ChatShape:
             choices=[
                 ChatChoice(
                     index=c.index,
-                    message=self._message(c),
+                    message=self._message(c, parser),
                     logprobs=self._logprobs(c),
-                    finish_reason=self._finish_reason(c.finish_reason),
+                    finish_reason=self._finish_reason(c.finish_reason, parser),
                     stop_reason=c.stop_reason,
                 )
-                for c in choices
+                for c, parser in zip(choices, self._whole_parsers(choices), strict=True)
             ],
             usage=usage,
         )
@@ -143,13 +145,19 @@ class ChatShape:
         ]
         return DeltaMessage(tool_calls=calls) if calls else DeltaMessage()
 
-    def _message(self, choice: ChoiceUpdate) -> ChatResponseMessage:
-        """The reply; a forced call's text as tool_calls (as text if it was cut short)."""
+    def _whole_parsers(self, choices: list[ChoiceUpdate]) -> list[ToolCallParser | None]:
         if self.tool_call is None:
-            return ChatResponseMessage(content=choice.text)
-        parser = ToolCallParser(self.tool_call.name)
-        parser.feed(choice.text)
-        if choice.finish_reason != "stop" or not parser.is_complete():
+            return [None] * len(choices)
+        parsers: list[ToolCallParser | None] = []
+        for choice in choices:
+            parser = ToolCallParser(self.tool_call.name)
+            parser.feed(choice.text)
+            parsers.append(parser)
+        return parsers
+
+    def _message(self, choice: ChoiceUpdate, parser: ToolCallParser | None) -> ChatResponseMessage:
+        """The reply; a forced call's text as tool_calls (as text if it was cut short)."""
+        if parser is None or choice.finish_reason != "stop" or not parser.is_complete():
             return ChatResponseMessage(content=choice.text)
         calls = [
             ToolCall(id=c.id or "", function=FunctionCall(name=c.name or "", arguments=c.arguments))
@@ -157,9 +165,11 @@ class ChatShape:
         ]
         return ChatResponseMessage(content=None, tool_calls=calls)
 
-    def _finish_reason(self, reason: str | None) -> str | None:
-        # The grammar of a forced call ended it: OpenAI says "tool_calls".
-        return "tool_calls" if self.tool_call is not None and reason == "stop" else reason
+    def _finish_reason(self, reason: str | None, parser: ToolCallParser | None) -> str | None:
+        # The grammar of a forced call ended it with every call whole: OpenAI's "tool_calls".
+        if reason == "stop" and parser is not None and parser.is_complete():
+            return "tool_calls"
+        return reason
 
     def _chunk(
         self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None
