@@ -46,12 +46,6 @@ class PromptProcessor:
             "prompt",
         )
 
-    @property
-    def template_has_tools(self) -> bool:
-        """Whether the chat template renders `tools` (what tool_choice "auto" needs)."""
-        template = getattr(self.tokenizer, "chat_template", None) or ""
-        return "tools" in str(template)
-
     def chat_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:

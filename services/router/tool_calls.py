@@ -6,9 +6,9 @@ generates a JSON array of one or more `{"name": <const>, "arguments": <that tool
 parameters>}` objects (anyOf over the tools; one when `parallel_tool_calls` is false).
 `ToolCallParser` reads that text, whole or as it streams, into OpenAI's `tool_calls`.
 `"none"` ignores the tools. `"auto"` lets the model choose, which needs a chat template that
-renders tools and a parser for what it writes; Quire's templates have none, so `"auto"` is a
-400 naming tool_choice (the default with tools is then "none", as vLLM does without
-`--enable-auto-tool-choice`).
+renders tools and a parser for the call format the model writes; Quire has no such parser
+(and the served templates render no tools), so `"auto"` is a 400 naming tool_choice and the
+default with tools is "none", as vLLM does without `--enable-auto-tool-choice`.
 """
 
 from __future__ import annotations
@@ -59,10 +59,7 @@ class ForcedCall:
 
 
 def forced_call(
-    tools: list[Tool] | None,
-    choice: ToolChoice | None,
-    parallel_tool_calls: bool | None,
-    template_has_tools: bool,
+    tools: list[Tool] | None, choice: ToolChoice | None, parallel_tool_calls: bool | None
 ) -> ForcedCall | None:
     """What `tools` and `tool_choice` ask of the output; a 400 naming the field if invalid."""
     if not tools:
@@ -72,14 +69,12 @@ def forced_call(
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise bad_request("tool function names must be unique", "tools")
-    if choice is None:
-        choice = "auto" if template_has_tools else "none"
-    if choice == "none":
+    if choice is None or choice == "none":
         return None
     if choice == "auto":
         raise bad_request(
-            '"auto" tool choice needs a chat template that renders tools and this model\'s '
-            'has none; use "required", a named function or "none"',
+            '"auto" tool choice is not supported: it needs a parser for the tool calls this '
+            'model writes, and Quire has none; use "required", a named function or "none"',
             "tool_choice",
         )
     schemas = {t.function.name: t.function.parameters or NO_ARGUMENTS for t in tools}

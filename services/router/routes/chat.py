@@ -43,9 +43,7 @@ async def create_chat_completion(
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     structured = body.requested_structured()
-    call = forced_call(
-        body.tools, body.tool_choice, body.parallel_tool_calls, state.prompts.template_has_tools
-    )
+    call = forced_call(body.tools, body.tool_choice, body.parallel_tool_calls)
     if call is not None:
         if structured is not None:
             raise bad_request(
