@@ -10,7 +10,7 @@ PROTOS := $(wildcard protos/services/rpc/*.proto)
 RPC_STAMP := services/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-kernels bench-step loadtest gpu-check clean compose images chaos
+.PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-structured bench-kernels bench-step loadtest gpu-check clean compose images chaos
 .PHONY: compose-up compose-down compose-test chaos-compose
 .PHONY: peer-vllm data kernels-cpu bench-routing
 
@@ -24,6 +24,7 @@ help:
 	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and transformers serve"
 	@echo "make bench-routing routing policies on the local stack + a simulation at 8 and 32 executors"
 	@echo "make bench-step    memory-manager Step bytes/ms, full tables vs deltas -> bench/results/step_size.json"
+	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
 	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
@@ -177,6 +178,11 @@ loadtest: $(STAMP) model data
 	$(VENV)/bin/locust -f loadtests/locustfile.py --headless --host $(LOCUST_HOST) \
 		-u $(LOCUST_USERS) -r $(LOCUST_SPAWN_RATE) -t $(LOCUST_TIME) --stop-timeout 60 \
 		--csv bench/results/loadtest --html bench/results/loadtest.html
+
+# Structured outputs' cost: a batch half under a JSON schema against the same batch
+# unconstrained (BENCH_STRUCTURED_ARGS, e.g. --quick or --num-requests 64).
+bench-structured: model $(CPU_KERNELS)
+	$(PY) -m benchmarks.structured_outputs $(BENCH_STRUCTURED_ARGS)
 
 bench-kernels: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.decode_attention

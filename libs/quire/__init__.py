@@ -16,8 +16,16 @@ if TYPE_CHECKING:
     from quire.entrypoints.llm import LLM
     from quire.outputs import CompletionOutput, Logprob, RequestOutput
     from quire.sampling_params import SamplingParams
+    from quire.structured_params import StructuredOutputParams
 
-__all__ = ["LLM", "CompletionOutput", "Logprob", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "Logprob",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputParams",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -33,4 +41,8 @@ def __getattr__(name: str) -> Any:
         from quire.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputParams":
+        from quire.structured_params import StructuredOutputParams
+
+        return StructuredOutputParams
     raise AttributeError(f"module 'quire' has no attribute {name!r}")

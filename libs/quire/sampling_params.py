@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from quire.structured_params import StructuredOutputParams
+
 MAX_LOGPROBS = 20  # most top-k logprobs returned per token
 MAX_N = 128  # most parallel samples per request
 MAX_STOP_STRINGS = 16
@@ -49,6 +51,8 @@ class SamplingParams:
     # top-k logprobs of every prompt token (plus the prompt token itself), vLLM's extra;
     # None = not computed (the engine then computes logits at the last position only).
     prompt_logprobs: int | None = None
+    # The grammar the output must follow, enforced while decoding; None = unconstrained.
+    structured: StructuredOutputParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -85,6 +89,8 @@ class SamplingParams:
                 f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], "
                 f"got {self.prompt_logprobs!r}"
             )
+        if self.structured is not None and not isinstance(self.structured, StructuredOutputParams):
+            raise ValueError("structured must be a StructuredOutputParams")
         self._check_logit_bias()
 
     def _check_logit_bias(self) -> None:

@@ -49,6 +49,7 @@ class PromptProcessor:
     def chat_prompt(
         self,
         messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
     ) -> list[int]:
@@ -56,6 +57,7 @@ class PromptProcessor:
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
+                tools=tools,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
                 tokenize=False,

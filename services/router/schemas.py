@@ -24,6 +24,8 @@ from quire.sampling_params import (
     MAX_STOP_STRINGS,
     SamplingParams,
 )
+from services.router.structured import StructuredFields
+from services.router.tool_calls import Tool, ToolChoice
 
 MAX_STOP_CHARS = 1024  # longest stop string
 MAX_STOP_TOKEN_IDS = 256  # most stop_token_ids
@@ -35,15 +37,8 @@ MAX_TOP_K = 2**31 - 1
 # sets one (to anything but an "off" value) is a 400 naming it. Other unknown fields are
 # ignored, as OpenAI does.
 UNSUPPORTED_FIELDS = (
-    "response_format",
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
 )
 _OFF_VALUES: tuple[Any, ...] = (None, "none", "auto", "text", {"type": "text"}, [], {})
 
@@ -54,7 +49,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False  # one more chunk before [DONE] with the request's usage
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(StructuredFields):
     """Fields shared by completions and chat completions (OpenAI's, plus vLLM's extras)."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -243,6 +238,9 @@ class ChatCompletionRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
 
 # --- responses -----------------------------------------------------------------------------
@@ -330,10 +328,46 @@ class ChatLogprobs(BaseModel):
     refusal: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+    @model_serializer(mode="plain")
+    def _only_set(self) -> dict[str, Any]:
+        return {
+            k: v for k, v in (("name", self.name), ("arguments", self.arguments)) if v is not None
+        }
+
+
+class DeltaToolCall(BaseModel):
+    """One streamed piece of a tool call: id, type and name first, then argument text."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+    @model_serializer(mode="wrap")
+    def _only_set(self, handler: Any) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     refusal: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -359,10 +393,16 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="plain")
     def _only_set(self) -> dict[str, Any]:
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        out: dict[str, Any] = {
+            k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None
+        }
+        if self.tool_calls is not None:
+            out["tool_calls"] = [t.model_dump() for t in self.tool_calls]
+        return out
 
 
 class ChatChunkChoice(BaseModel):

@@ -25,6 +25,7 @@ from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
 from quire.engine.scheduler import Scheduler, SchedulerConfig, live_sequences
 from quire.engine.sequence import Request, Sequence
 from quire.engine.stats import EngineStats, StepStats, step_stats
+from quire.engine.structured import StructuredOutputs
 from quire.engine.update import StopRules, finished_delta, request_delta, update_from_output
 from quire.outputs import RequestDelta, SequenceDelta
 from quire.sampling_params import SamplingParams
@@ -102,6 +103,8 @@ class LLMEngine:
         params.check_vocab(self.model.config.vocab_size)
         text, ids = self.tokenize(prompt)
         check_prompt_fits(len(ids), self.max_model_len, self.config.block_size, self.allocator)
+        if params.structured is not None:
+            self.structured_outputs().compile(params.structured)  # ValueError if it cannot
         arrival = next(self._arrivals)
         request = Request(request_id, text, ids, params, arrival)
         if not params.is_greedy:
@@ -109,6 +112,14 @@ class LLMEngine:
         request.seqs.append(Sequence(f"{request_id}#0", request, 0, list(ids), arrival))
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])
+
+    def structured_outputs(self) -> StructuredOutputs:
+        """The engine's grammar compiler and masks, built on the first constrained request."""
+        if self.runner.structured is None:
+            self.runner.structured = StructuredOutputs(
+                self.tokenizer, self.model.config.vocab_size, self.eos_token_ids
+            )
+        return self.runner.structured
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now, emitting nothing more; its blocks are freed next step."""

@@ -24,6 +24,7 @@ from quire.engine.prompt_logprobs import (
 from quire.engine.sampler import SampleRow, sample
 from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
+from quire.engine.structured import StructuredOutputs
 from quire.model.attention import AttentionMetadata
 from quire.model.config import ModelConfig
 from quire.model.llama import KVCache, LlamaModel
@@ -45,6 +46,7 @@ class SampledToken:
     token_id: int
     logprob: float  # of the token under the unprocessed distribution
     top_logprobs: dict[int, Logprob] | None
+    ends_grammar: bool = False  # structured output: this token completed the grammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,9 @@ class ModelRunner:
         self.device = device
         # Zero logits instead of the forward pass: measures the engine's own overhead.
         self.skip_forward = False
+        # Grammar masks for structured outputs; None until the engine serves a constrained
+        # request (then every step asks it, and it does nothing without constrained rows).
+        self.structured: StructuredOutputs | None = None
         shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
         # Zeroed, not empty: never-written slots must not hold NaNs a masked kernel could touch.
         self.kv_caches: list[KVCache] = [
@@ -90,7 +95,7 @@ class ModelRunner:
         started = time.perf_counter()
         logits, prompt_logprobs = self.compute_logits(step)
         forwarded = time.perf_counter()
-        sampled = _sample(logits, [s for s in step.scheduled if s.samples])
+        sampled = _sample(logits, [s for s in step.scheduled if s.samples], self.structured)
         return ModelRunnerOutput(
             sampled, forwarded - started, time.perf_counter() - forwarded, prompt_logprobs
         )
@@ -178,8 +183,14 @@ def _prompt_logprobs(
     return chunks
 
 
-def _sample(logits: torch.Tensor, due: list[ScheduledSeq]) -> list[SampledToken]:
-    """One draw per (sequence, output index); an n>1 fork draws n times from one row."""
+def _sample(
+    logits: torch.Tensor, due: list[ScheduledSeq], structured: StructuredOutputs | None
+) -> list[SampledToken]:
+    """One draw per (sequence, output index); an n>1 fork draws n times from one row.
+
+    Constrained rows are masked by their grammars first (one bitmask for the step) and each
+    drawn token is fed back to its output's matcher.
+    """
     rows: list[SampleRow] = []
     targets: list[tuple[Sequence, int]] = []
     row_index: list[int] = []
@@ -200,8 +211,17 @@ def _sample(logits: torch.Tensor, due: list[ScheduledSeq]) -> list[SampledToken]
         return []
     if row_index != list(range(len(due))):
         logits = logits[torch.tensor(row_index, device=logits.device)]
+    num_masked = 0
+    if structured is not None:
+        grammar_rows = [(seq.request, index, seq.output_token_ids) for seq, index in targets]
+        num_masked = structured.mask_logits(logits, grammar_rows)
     results = sample(logits, rows)
+    ends = [False] * len(targets)
+    if num_masked:
+        for k, ((seq, index), r) in enumerate(zip(targets, results, strict=True)):
+            if seq.request.params.structured is not None:
+                ends[k] = structured.accept(seq.request, index, r.token_id)  # type: ignore[union-attr]
     return [
-        SampledToken(seq, index, r.token_id, r.logprob, r.top_logprobs)
-        for (seq, index), r in zip(targets, results, strict=True)
+        SampledToken(seq, index, r.token_id, r.logprob, r.top_logprobs, end)
+        for (seq, index), r, end in zip(targets, results, ends, strict=True)
     ]

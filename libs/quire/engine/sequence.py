@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -84,6 +85,9 @@ class Request:
     # Prompt tokens 1.. their logprobs so far (params.prompt_logprobs set; token 0 has none).
     prompt_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     prompt_logprobs_sent: bool = False  # already in a RequestDelta
+    # Structured outputs only: each output index's grammar matcher (quire.engine.structured),
+    # which has accepted exactly that output's tokens.
+    grammar_matchers: dict[int, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.generators:

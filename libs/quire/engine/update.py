@@ -100,6 +100,8 @@ def _append(
         seq.finish_reason = "stop"
     elif token_id in params.stop_token_ids:
         seq.finish_reason, seq.stop_reason = "stop", token_id
+    elif token.ends_grammar:
+        seq.finish_reason = "stop"
     elif seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= rules.max_model_len:
         seq.finish_reason = "length"
     if seq.finish_reason is not None:

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from quire.cluster.registry import ExecutorLoad
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
 from quire.sampling_params import FLOAT_FIELDS, SamplingParams
+from quire.structured_params import StructuredOutputParams
 from services.rpc import executor_pb2 as pb
 
 # Copied as they are; 0 / False / 0.0 on the wire are the engine's defaults too.
@@ -46,7 +47,38 @@ def params_to_proto(params: SamplingParams) -> pb.SamplingParams:
         value = getattr(params, name)
         if value is not None:
             setattr(wire, name, value % 2**64 if name == "seed" else value)
+    if params.structured is not None:
+        wire.structured.CopyFrom(structured_to_proto(params.structured))
     return wire
+
+
+def structured_to_proto(spec: StructuredOutputParams) -> pb.StructuredOutput:
+    """The one constraint of `spec` in the wire's oneof."""
+    if spec.json is not None:
+        return pb.StructuredOutput(json_schema=str(spec.json))
+    if spec.regex is not None:
+        return pb.StructuredOutput(regex=spec.regex)
+    if spec.choice is not None:
+        return pb.StructuredOutput(choice=pb.ChoiceList(choices=list(spec.choice)))
+    if spec.grammar is not None:
+        return pb.StructuredOutput(grammar=spec.grammar)
+    return pb.StructuredOutput(json_object=True)
+
+
+def structured_from_proto(msg: pb.StructuredOutput) -> StructuredOutputParams:
+    """StructuredOutputParams from the wire; ValueError when the oneof is unset or bad."""
+    kind = msg.WhichOneof("spec")
+    if kind == "json_schema":
+        return StructuredOutputParams(json=msg.json_schema)
+    if kind == "regex":
+        return StructuredOutputParams(regex=msg.regex)
+    if kind == "choice":
+        return StructuredOutputParams(choice=list(msg.choice.choices))
+    if kind == "grammar":
+        return StructuredOutputParams(grammar=msg.grammar)
+    if kind == "json_object" and msg.json_object:
+        return StructuredOutputParams(json_object=True)
+    raise ValueError("structured output sets no constraint")
 
 
 def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
@@ -72,6 +104,8 @@ def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         values[name] = getattr(msg, name)
     for name in _OPTIONAL_FIELDS:
         values[name] = getattr(msg, name) if msg.HasField(name) else getattr(defaults, name)
+    if msg.HasField("structured"):
+        values["structured"] = structured_from_proto(msg.structured)
     return SamplingParams(**values)  # type: ignore[arg-type]
 
 

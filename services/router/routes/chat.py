@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
@@ -20,11 +20,17 @@ from services.router.schemas import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatResponseMessage,
+    DeltaFunctionCall,
     DeltaMessage,
     PromptLogprobs,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCall,
     UsageInfo,
 )
+from services.router.structured import check_spec
 from services.router.token_text import TokenText
+from services.router.tool_calls import ForcedCall, ToolCallParser, forced_call
 
 router = APIRouter(tags=["chat"])
 
@@ -37,7 +43,18 @@ async def create_chat_completion(
     state.check_model(body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    prompt = state.prompts.chat_prompt([m.for_template() for m in body.messages])
+    structured = body.requested_structured()
+    call = forced_call(body.tools, body.tool_choice, body.parallel_tool_calls)
+    if call is not None:
+        if structured is not None:
+            raise bad_request(
+                f"{structured[0]} cannot be combined with a forced tool call", structured[0]
+            )
+        structured = ("tools", call.spec)
+    if structured is not None:
+        check_spec(structured[1], structured[0])
+    tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+    prompt = state.prompts.chat_prompt([m.for_template() for m in body.messages], tools)
     requested = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "messages"
     max_tokens = state.prompts.check_context(prompt, requested, param)
@@ -47,13 +64,16 @@ async def create_chat_completion(
         (body.top_logprobs or 0) if body.logprobs else None,
         state.prompts.vocab_size,
     )
+    if structured is not None:
+        params.structured = structured[1]
     response_id = new_id("chatcmpl")
     shape = ChatShape(
         state.token_text,
         response_id,
         state.settings.model_name,
         body.logprobs,
-        body.prompt_logprobs,
+        num_prompt_logprobs=body.prompt_logprobs,
+        tool_call=call,
     )
     return await serve_generation(
         request, state, response_id, [prompt], params, requested, body, shape
@@ -69,6 +89,8 @@ class ChatShape:
     model: str
     with_logprobs: bool
     num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (response level)
+    tool_call: ForcedCall | None = None  # a forced call: the text becomes tool_calls
+    _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
 
     def opening(self, num_choices: int) -> list[BaseModel]:
         """Every choice's first chunk names the assistant role, before any content."""
@@ -86,9 +108,11 @@ class ChatShape:
                 [
                     ChatChunkChoice(
                         index=u.index,
-                        delta=DeltaMessage(content=u.text) if u.text else DeltaMessage(),
+                        delta=self._delta(u),
                         logprobs=self._logprobs(u),
-                        finish_reason=u.finish_reason,
+                        finish_reason=self._finish_reason(
+                            u.finish_reason, self._parsers.get(u.index)
+                        ),
                         stop_reason=u.stop_reason,
                     )
                 ]
@@ -108,12 +132,12 @@ class ChatShape:
             choices=[
                 ChatChoice(
                     index=c.index,
-                    message=ChatResponseMessage(content=c.text),
+                    message=self._message(c, parser),
                     logprobs=self._logprobs(c),
-                    finish_reason=c.finish_reason,
+                    finish_reason=self._finish_reason(c.finish_reason, parser),
                     stop_reason=c.stop_reason,
                 )
-                for c in choices
+                for c, parser in zip(choices, self._whole_parsers(choices), strict=True)
             ],
             usage=usage,
             prompt_logprobs=self._prompt_logprobs(choices),
@@ -126,6 +150,47 @@ class ChatShape:
         return prompt_logprobs(
             self.token_text, prompt.token_ids, prompt.logprobs, self.num_prompt_logprobs
         )
+
+    def _delta(self, update: ChoiceUpdate) -> DeltaMessage:
+        if self.tool_call is None:
+            return DeltaMessage(content=update.text) if update.text else DeltaMessage()
+        parser = self._parsers.setdefault(update.index, ToolCallParser(self.tool_call.name))
+        calls = [
+            DeltaToolCall(
+                index=d.index,
+                id=d.id,
+                type="function" if d.id else None,
+                function=DeltaFunctionCall(name=d.name, arguments=d.arguments),
+            )
+            for d in parser.feed(update.text)
+        ]
+        return DeltaMessage(tool_calls=calls) if calls else DeltaMessage()
+
+    def _whole_parsers(self, choices: list[ChoiceUpdate]) -> list[ToolCallParser | None]:
+        if self.tool_call is None:
+            return [None] * len(choices)
+        parsers: list[ToolCallParser | None] = []
+        for choice in choices:
+            parser = ToolCallParser(self.tool_call.name)
+            parser.feed(choice.text)
+            parsers.append(parser)
+        return parsers
+
+    def _message(self, choice: ChoiceUpdate, parser: ToolCallParser | None) -> ChatResponseMessage:
+        """The reply; a forced call's text as tool_calls (as text if it was cut short)."""
+        if parser is None or choice.finish_reason != "stop" or not parser.is_complete():
+            return ChatResponseMessage(content=choice.text)
+        calls = [
+            ToolCall(id=c.id or "", function=FunctionCall(name=c.name or "", arguments=c.arguments))
+            for c in parser.calls
+        ]
+        return ChatResponseMessage(content=None, tool_calls=calls)
+
+    def _finish_reason(self, reason: str | None, parser: ToolCallParser | None) -> str | None:
+        # The grammar of a forced call ended it with every call whole: OpenAI's "tool_calls".
+        if reason == "stop" and parser is not None and parser.is_complete():
+            return "tool_calls"
+        return reason
 
     def _chunk(
         self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None

@@ -32,6 +32,7 @@ from services.router.schemas import (
     PromptLogprobs,
     UsageInfo,
 )
+from services.router.structured import check_spec
 from services.router.token_text import TokenText
 
 router = APIRouter(tags=["completions"])
@@ -43,6 +44,9 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     state.check_model(body.model)
     if body.suffix:
         raise bad_request("suffix is not supported", "suffix")
+    structured = body.requested_structured()
+    if structured is not None:
+        check_spec(structured[1], structured[0])
     prompts = state.prompts.completion_prompts(body.prompt)
     max_tokens = min(state.prompts.check_context(p, body.max_tokens, "prompt") for p in prompts)
     best_of = body.best_of or body.n
@@ -58,6 +62,8 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
         prompt_logprobs=max(wanted) if wanted else None,
         n=best_of,
     )
+    if structured is not None:
+        params.structured = structured[1]
     response_id = new_id("cmpl")
     shape = CompletionShape(
         token_text=state.token_text,

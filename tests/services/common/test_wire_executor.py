@@ -6,6 +6,7 @@ import pytest
 
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
 from quire.sampling_params import SamplingParams
+from quire.structured_params import StructuredOutputParams
 from services.common.wire.executor import (
     aborted_response,
     delta_from_proto,
@@ -161,3 +162,26 @@ def test_prompt_logprobs_are_named_by_the_prompt_ids() -> None:
         delta_from_proto("r", delta_to_proto(RequestDelta("r", [], False, 3), 0)).prompt_logprobs
         is None
     )
+@pytest.mark.parametrize(
+    "spec",
+    [
+        StructuredOutputParams(json={"type": "object", "properties": {"a": {"type": "integer"}}}),
+        StructuredOutputParams(regex=r"\d+"),
+        StructuredOutputParams(choice=["yes", "no"]),
+        StructuredOutputParams(grammar='root ::= "a" | "b"'),
+        StructuredOutputParams(json_object=True),
+    ],
+    ids=["json", "regex", "choice", "grammar", "json_object"],
+)
+def test_structured_outputs_round_trip(spec: StructuredOutputParams) -> None:
+    params = SamplingParams(max_tokens=5, structured=spec)
+    wire = params_to_proto(params)
+    back = params_from_proto(pb.SamplingParams.FromString(wire.SerializeToString()))
+    assert back.structured == spec
+    assert params_from_proto(pb.SamplingParams()).structured is None
+
+
+def test_structured_output_without_a_constraint_is_refused() -> None:
+    msg = pb.SamplingParams(structured=pb.StructuredOutput())
+    with pytest.raises(ValueError, match="no constraint"):
+        params_from_proto(msg)

@@ -74,7 +74,11 @@ def still_serving(http: httpx.Client) -> None:
         ({"prompt": "x", "best_of": 1, "n": 2}, "best_of"),
         ({"prompt": "x", "best_of": 3, "stream": True}, "best_of"),
         ({"prompt": "x", "best_of": 10**6}, "best_of"),
-        ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {"prompt": "x", "response_format": {"type": "json_schema"}},
+            "response_format.json_schema",
+        ),
+        ({"prompt": "x", "guided_regex": "(("}, "guided_regex"),
     ],
 )
 def test_completion_bad_fields(http: httpx.Client, body: dict[str, Any], param: str) -> None:
@@ -95,7 +99,7 @@ def test_completion_bad_fields(http: httpx.Client, body: dict[str, Any], param: 
         ({"messages": CHAT, "top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ({"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
         ({"messages": CHAT, "max_completion_tokens": 10**6}, "max_completion_tokens"),
-        ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools.0.function"),
         ({"messages": CHAT, "n": 10**6}, "n"),
         ({"messages": CHAT, "logit_bias": {"1": -101}}, "logit_bias"),
         ({"messages": CHAT, "logit_bias": {"99999": 1}}, "logit_bias"),
