@@ -22,9 +22,9 @@ from services.router.schemas import (
     ChatResponseMessage,
     DeltaFunctionCall,
     DeltaMessage,
-    PromptLogprobs,
     DeltaToolCall,
     FunctionCall,
+    PromptLogprobs,
     ToolCall,
     UsageInfo,
 )

@@ -24,7 +24,9 @@ async def tokenize(body: TokenizeRequest, state: StateDep) -> TokenizeResponse:
     if body.messages is not None:
         messages = [m.for_template() for m in body.messages]
         tokens = state.prompts.chat_prompt(
-            messages, body.add_generation_prompt, body.continue_final_message
+            messages,
+            add_generation_prompt=body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
         )
         if body.add_special_tokens:
             tokens = _with_special_tokens(state.tokenizer, tokens)

@@ -162,6 +162,8 @@ def test_prompt_logprobs_are_named_by_the_prompt_ids() -> None:
         delta_from_proto("r", delta_to_proto(RequestDelta("r", [], False, 3), 0)).prompt_logprobs
         is None
     )
+
+
 @pytest.mark.parametrize(
     "spec",
     [
