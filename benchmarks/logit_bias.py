@@ -11,26 +11,12 @@ scatter, so the "none" column is the sampler as it was before logit_bias existed
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from time import perf_counter
 
 import torch
 
+from benchmarks.linear_layouts import best_of
 from quire.engine.sampler import SampleRow, sample
 from quire.sampling_params import SamplingParams
-
-
-def best_ms(fn: Callable[[], object], repeats: int = 5, inner: int = 20) -> float:
-    """Best mean milliseconds per call over `repeats` rounds of `inner` calls."""
-    for _ in range(3):
-        fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = perf_counter()
-        for _ in range(inner):
-            fn()
-        best = min(best, (perf_counter() - start) / inner)
-    return best * 1e3
 
 
 def main() -> None:
@@ -55,7 +41,9 @@ def main() -> None:
                 SampleRow(biased if i < num_biased else plain, [1, 2, 3], 3, None)
                 for i in range(num_rows)
             ]
-            times.append(best_ms(lambda rows=rows, logits=logits: sample(logits, rows)))
+            times.append(
+                1e3 * best_of(lambda rows=rows, logits=logits: sample(logits, rows), inner=20)
+            )
         none, one, every = times
         print(
             f"{num_rows:>6} {none:>9.3f} {one:>9.3f} {every:>9.3f} "
