@@ -1,19 +1,33 @@
-"""The decoder's linear layers: on the CPU, bfloat16 weights are reordered once for oneDNN.
+"""The decoder's linear layers, each weight kept in the layout its backend runs fastest on.
 
-`F.linear` on a CPU bfloat16 weight hands oneDNN the plain row-major matrix on every call, and
-oneDNN reorders it into its blocked layout each time; for the small batches of decode that
-reorder is a large part of the call. `torch.ops.mkldnn._reorder_linear_weight` does it once at
-load (what vLLM's CPU backend does), and `torch.ops.mkldnn._linear_pointwise` then runs on the
-blocked weight. Results are the same kernel's, bit for bit (`benchmarks.linear_layouts`
-measures both). Float32 keeps `F.linear`: there the blocked layout is slower for one row and
-mixed for large batches on the machines measured, and float32 is the equivalence oracle.
-On the CPU, torch-backend weights are stored transposed, `[in_features, out_features]`, and
-the product is a plain `x @ W_t` (MKL's NN GEMM): `F.linear`'s NT GEMM repacks the weight on
-every call, which for decode's few rows costs more than the multiply (1.1-1.8x slower per
-layer at 4-64 rows, one thread; `benchmarks.linear_layouts` measures the layouts).
+Backends (`QUIRE_LINEAR_BACKEND`, chosen once at load):
 
-`QUIRE_LINEAR_BACKEND` picks: `auto` (the default: oneDNN for bfloat16 on a CPU where torch has
-it, else torch), `onednn` (also float32; refused where unavailable) or `torch`.
+- `torch`: on the CPU the weight is stored transposed, `[in_features, out_features]`, and the
+  product is a plain `x @ W_t` (an NN GEMM): `F.linear`'s NT GEMM repacks the weight on every
+  call, which for decode's few rows costs more than the multiply (1.1-1.8x slower per layer at
+  4-64 rows, one thread). Elsewhere, `F.linear`. Float32 runs here: it is the equivalence
+  oracle.
+- `onednn`: the weight reordered once into oneDNN's blocked layout
+  (`torch.ops.mkldnn._reorder_linear_weight`, what vLLM's CPU backend does) and multiplied by
+  `torch.ops.mkldnn._linear_pointwise`; bit for bit the kernel `F.linear` reaches for
+  bfloat16, without the per-call reorder.
+- `widened`: a bfloat16 or float16 weight widened once to float32 (exactly: every 16-bit
+  float is a float32) and multiplied in float32 (`x.float() @ W_t`), the output rounded back
+  to the activation dtype. That is what a 16-bit GEMM computes (exact products, float32
+  accumulation, one rounding), in another summation order. On CPUs without AMX tiles the
+  16-bit dot-product instructions (AVX512_BF16's `vdpbf16ps`) multiply no faster than float32
+  FMAs, so once a product is bound by multiplying rather than by reading its weight, float32
+  wins: over 30 layers of the default model's weights (read from memory, as in a forward
+  pass), one thread, a decoder layer's four widened products are 1.07x faster than oneDNN's
+  bfloat16 at 32 rows, 1.36x at 64 and 1.48x at 256 (`OMP_NUM_THREADS=1 python -m
+  benchmarks.linear_layouts --dtypes bfloat16`). Below `MIN_WIDENED_ROWS` rows they are
+  bound by reading the weight, which float32 doubles, so the narrow weight is kept too
+  (reordered for oneDNN) and used there; the float32 copy costs twice those weights' size in
+  memory. The LM head stays narrow (`head_backend`): at decode's few sampled rows it too is
+  bound by reading its weight.
+
+`auto` (the default): float32 -> torch; bfloat16 on a CPU with AMX -> onednn, on any other CPU
+-> widened; float16 on the CPU -> widened; anything on CUDA -> torch (`F.linear`).
 """
 
 from __future__ import annotations
@@ -23,7 +37,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "onednn", "torch")
+BACKENDS = ("auto", "onednn", "torch", "widened")
+MIN_WIDENED_ROWS = 32  # fewer rows than this: a widened layer multiplies its narrow weight
 
 
 def _onednn_available() -> bool:
@@ -32,20 +47,43 @@ def _onednn_available() -> bool:
     )
 
 
-def use_onednn(dtype: torch.dtype, device: torch.device, backend: str | None = None) -> bool:
-    """Whether linears of this dtype and device run on reordered oneDNN weights."""
+def has_amx() -> bool:
+    is_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(is_amx and is_amx())
+
+
+def linear_backend(dtype: torch.dtype, device: torch.device, backend: str | None = None) -> str:
+    """The backend (`onednn`, `torch` or `widened`) linears of this dtype and device run on."""
     backend = backend or os.environ.get("QUIRE_LINEAR_BACKEND", "auto")
     if backend not in BACKENDS:
         raise ValueError(
             f"QUIRE_LINEAR_BACKEND must be one of {', '.join(BACKENDS)}, not {backend!r}"
         )
-    if device.type != "cpu" or backend == "torch":
-        return False
+    if device.type != "cpu":
+        return "torch"
+    narrow = dtype in (torch.bfloat16, torch.float16)
     if backend == "onednn":
         if not _onednn_available():
             raise ValueError("QUIRE_LINEAR_BACKEND=onednn but this torch has no oneDNN linear")
-        return dtype in (torch.float32, torch.bfloat16)
-    return dtype == torch.bfloat16 and _onednn_available()
+        if dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(
+                f"QUIRE_LINEAR_BACKEND=onednn supports float32 and bfloat16, not {dtype}"
+            )
+        return "onednn"
+    if backend == "widened":
+        return "widened" if narrow else "torch"
+    if backend == "torch" or not narrow:
+        return "torch"
+    if dtype == torch.bfloat16 and has_amx() and _onednn_available():
+        return "onednn"
+    return "widened"
+
+
+def head_backend(backend: str, dtype: torch.dtype) -> str:
+    """The LM head's backend: a widened model keeps its head narrow (bound by weight reads)."""
+    if backend != "widened":
+        return backend
+    return "onednn" if dtype == torch.bfloat16 and _onednn_available() else "torch"
 
 
 class Linear:
@@ -55,17 +93,26 @@ class Linear:
         self,
         weight: torch.Tensor,  # [out_features, in_features]
         bias: torch.Tensor | None,
-        onednn: bool,
+        backend: str,
         batch_size_hint: int = 64,  # rows oneDNN tunes the blocked layout for
     ) -> None:
+        assert backend in BACKENDS[1:], f"unknown linear backend {backend!r}"
         self.out_features, self.in_features = weight.shape
+        self.backend = backend
         self.bias = bias
-        self.onednn = onednn
         # weight_t: [in_features, out_features] for the CPU's NN product, else None
         self.weight_t: torch.Tensor | None = None
-        if onednn:
+        # A widened layer's own weight for batches of few rows (oneDNN-reordered), else None.
+        self.narrow: Linear | None = None
+        if backend == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size_hint)
         elif weight.device.type == "cpu":
+            if backend == "widened":
+                self.narrow = Linear(
+                    weight, bias, head_backend(backend, weight.dtype), MIN_WIDENED_ROWS
+                )
+                weight = weight.float()
+                self.bias = None if bias is None else bias.float()
             self.weight_t = weight.t().contiguous()
             self.weight = self.weight_t.t()
         else:
@@ -76,10 +123,18 @@ class Linear:
         return self.out_features * self.in_features
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.onednn:
+        if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if self.weight_t is not None:
-            if self.bias is None:
-                return torch.mm(x, self.weight_t)
-            return torch.addmm(self.bias, x, self.weight_t)
+            if self.narrow is not None:
+                if x.shape[0] < MIN_WIDENED_ROWS:
+                    return self.narrow(x)
+                return self._matmul(x.float()).to(x.dtype)
+            return self._matmul(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.weight_t is not None
+        if self.bias is None:
+            return torch.mm(x, self.weight_t)
+        return torch.addmm(self.bias, x, self.weight_t)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from quire.kernels import fused
 from quire.model.attention import AttentionMetadata, PagedAttention
 from quire.model.config import ModelConfig
-from quire.model.linear import Linear, use_onednn
+from quire.model.linear import Linear, head_backend, linear_backend
 from quire.model.rope import RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # key, value: [num_blocks, block_size, kv_heads, D]
@@ -38,7 +38,7 @@ class LlamaModel:
         self.device = device
         take = _Taker(state)
         self.embed = take("model.embed_tokens.weight")
-        self.onednn = use_onednn(self.embed.dtype, device)
+        self.linear_backend = linear_backend(self.embed.dtype, device)
         self.layers = [self._layer(take, i) for i in range(config.num_layers)]
         self.norm = take("model.norm.weight")
         if config.tie_word_embeddings:
@@ -47,7 +47,7 @@ class LlamaModel:
         else:
             lm_head = take("lm_head.weight")
         take.finish()
-        self.lm_head = Linear(lm_head, None, self.onednn)
+        self.lm_head = Linear(lm_head, None, head_backend(self.linear_backend, lm_head.dtype))
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_model_len, device)
         self.attn = PagedAttention(
             config.num_heads, config.num_kv_heads, config.head_dim, config.scale
@@ -78,11 +78,11 @@ class LlamaModel:
         down_bias = take(m + "down_proj.bias") if c.mlp_bias else None
         return LayerWeights(
             input_norm=take(p + "input_layernorm.weight"),
-            qkv=Linear(qkv, qkv_bias, self.onednn),
-            o=Linear(take(a + "o_proj.weight"), o_bias, self.onednn),
+            qkv=Linear(qkv, qkv_bias, self.linear_backend),
+            o=Linear(take(a + "o_proj.weight"), o_bias, self.linear_backend),
             post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=Linear(gate_up, gate_up_bias, self.onednn),
-            down=Linear(take(m + "down_proj.weight"), down_bias, self.onednn),
+            gate_up=Linear(gate_up, gate_up_bias, self.linear_backend),
+            down=Linear(take(m + "down_proj.weight"), down_bias, self.linear_backend),
         )
 
     @torch.inference_mode()

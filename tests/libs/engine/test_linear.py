@@ -1,4 +1,4 @@
-"""Linear layers on reordered oneDNN weights against F.linear, and the backend choice."""
+"""Linear layers on each backend (oneDNN, transposed, widened) against F.linear; the choice."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quire.model.linear import Linear, use_onednn
+from quire.model.linear import MIN_WIDENED_ROWS, Linear, has_amx, linear_backend
 
 CPU = torch.device("cpu")
 needs_onednn = pytest.mark.skipif(
-    not use_onednn(torch.bfloat16, CPU, "auto"), reason="this torch has no oneDNN linear"
+    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN linear"
 )
 
 
@@ -22,7 +22,7 @@ def test_onednn_bfloat16_linear_equals_f_linear_bit_for_bit(rows: int, with_bias
     weight = torch.randn(96, 80, generator=gen).to(torch.bfloat16)
     bias = torch.randn(96, generator=gen).to(torch.bfloat16) if with_bias else None
     x = torch.randn(rows, 80, generator=gen).to(torch.bfloat16)
-    packed = Linear(weight, bias, onednn=True)
+    packed = Linear(weight, bias, "onednn")
     assert (packed.out_features, packed.in_features, packed.num_params) == (96, 80, 96 * 80)
     assert torch.equal(packed(x), F.linear(x, weight, bias))
     # A strided view (the attention output's reshape is one) gives the same rows.
@@ -31,12 +31,47 @@ def test_onednn_bfloat16_linear_equals_f_linear_bit_for_bit(rows: int, with_bias
 
 
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not use_onednn(torch.float32, CPU, "auto")  # float32 stays on F.linear
-    assert not use_onednn(torch.bfloat16, CPU, "torch")
-    assert not use_onednn(torch.bfloat16, torch.device("cuda"), "onednn")
+    assert linear_backend(torch.float32, CPU, "auto") == "torch"  # the oracle stays plain
+    assert linear_backend(torch.float32, CPU, "widened") == "torch"  # nothing to widen
+    assert linear_backend(torch.bfloat16, CPU, "torch") == "torch"
+    assert linear_backend(torch.float16, CPU, "auto") == "widened"
+    assert linear_backend(torch.bfloat16, CPU, "auto") == ("onednn" if has_amx() else "widened")
+    assert linear_backend(torch.bfloat16, torch.device("cuda"), "onednn") == "torch"
+    with pytest.raises(ValueError, match="float16"):
+        linear_backend(torch.float16, CPU, "onednn")
     monkeypatch.setenv("QUIRE_LINEAR_BACKEND", "fastest")
     with pytest.raises(ValueError, match="QUIRE_LINEAR_BACKEND"):
-        use_onednn(torch.bfloat16, CPU)
+        linear_backend(torch.bfloat16, CPU)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, MIN_WIDENED_ROWS - 1, MIN_WIDENED_ROWS, 64, 257])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_widened_linear_is_the_rounded_float32_product(
+    dtype: torch.dtype, rows: int, with_bias: bool
+) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 80, generator=gen).to(dtype)
+    bias = torch.randn(96, generator=gen).to(dtype) if with_bias else None
+    layer = Linear(weight, bias, "widened")
+    assert layer.weight_t is not None and layer.weight_t.dtype == torch.float32
+    assert torch.equal(layer.weight_t.t().to(dtype), weight)  # widening is exact
+    wide = torch.randn(rows, 160, generator=gen).to(dtype)
+    for x in (wide[:, :80].contiguous(), wide[:, :80]):  # and a strided view
+        out = layer(x)
+        assert out.dtype == dtype and out.shape == (rows, 96)
+        exact = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+        # Exact products, float32 sums, one rounding: within one 16-bit ulp of the exact value,
+        # plus float32's summation error (relative to the sum of the products' magnitudes).
+        mantissa_bits = 7 if dtype == torch.bfloat16 else 10
+        ulp = 2.0 ** (torch.floor(torch.log2(exact.abs().clamp_min(1e-30))) - mantissa_bits)
+        magnitude = F.linear(x.double().abs(), weight.double().abs())
+        if bias is not None:
+            magnitude = magnitude + bias.double().abs()
+        assert bool(((out.double() - exact).abs() <= ulp + magnitude * 2.0**-20).all())
+        if rows < MIN_WIDENED_ROWS:  # few rows: the narrow weight, the 16-bit kernel's bits
+            assert layer.narrow is not None
+            assert torch.equal(out, layer.narrow(x))
 
 
 @needs_onednn
@@ -51,7 +86,7 @@ def test_engine_tokens_do_not_depend_on_the_linear_backend(
     for backend in ("onednn", "torch"):
         monkeypatch.setenv("QUIRE_LINEAR_BACKEND", backend)
         llm = LLM(model=str(tiny_model), dtype="bfloat16", num_kv_blocks=32)
-        assert llm.engine.model.onednn is (backend == "onednn")
+        assert llm.engine.model.linear_backend == backend
         outputs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, False)]
     assert outputs["onednn"] == outputs["torch"]
 
@@ -64,7 +99,7 @@ def test_cpu_torch_linear_on_transposed_weights_matches_f_linear(
     gen = torch.Generator().manual_seed(rows)
     weight = torch.randn(96, 80, generator=gen)
     bias = torch.randn(96, generator=gen) if with_bias else None
-    layer = Linear(weight, bias, onednn=False)
+    layer = Linear(weight, bias, "torch")
     assert layer.weight_t is not None and layer.weight_t.shape == (80, 96)
     assert layer.weight_t.is_contiguous()
     wide = torch.randn(rows, 160, generator=gen)
