@@ -47,7 +47,7 @@ class LlamaModel:
         else:
             lm_head = take("lm_head.weight")
         take.finish()
-        self.lm_head = Linear(lm_head, None, head_backend(self.linear_backend, lm_head.dtype))
+        self.lm_head = Linear(lm_head, None, head_backend(lm_head.dtype, device))
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_model_len, device)
         self.attn = PagedAttention(
             config.num_heads, config.num_kv_heads, config.head_dim, config.scale

@@ -6,7 +6,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quire.model.linear import MIN_WIDENED_ROWS, Linear, has_amx, linear_backend
+from quire.model.linear import (
+    MIN_WIDENED_ROWS,
+    Linear,
+    has_amx,
+    head_backend,
+    linear_backend,
+)
 
 CPU = torch.device("cpu")
 needs_onednn = pytest.mark.skipif(
@@ -39,6 +45,13 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert linear_backend(torch.bfloat16, torch.device("cuda"), "onednn") == "torch"
     with pytest.raises(ValueError, match="float16"):
         linear_backend(torch.float16, CPU, "onednn")
+    # The LM head: oneDNN on the CPU unless torch is asked for by name.
+    for dtype in (torch.float32, torch.bfloat16):
+        assert head_backend(dtype, CPU, "auto") == "onednn"
+        assert head_backend(dtype, CPU, "widened") == "onednn"
+        assert head_backend(dtype, CPU, "torch") == "torch"
+    assert head_backend(torch.float16, CPU, "auto") == "torch"
+    assert head_backend(torch.float32, torch.device("cuda"), "auto") == "torch"
     monkeypatch.setenv("QUIRE_LINEAR_BACKEND", "fastest")
     with pytest.raises(ValueError, match="QUIRE_LINEAR_BACKEND"):
         linear_backend(torch.bfloat16, CPU)
