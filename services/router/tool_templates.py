@@ -10,6 +10,10 @@ them, and replays earlier calls and their results. Router setting `tool_chat_tem
 - a path: that Jinja template file;
 - `none`: no tool template ("auto" is then a 400 and the default tool_choice is "none").
 
+The template and the parser go together: `tool_call_parser` must read the call format the
+template asks the model for (the shipped template asks for `hermes`'s; a model's own tool
+template must too, or be replaced by a file that does).
+
 The tool template renders only requests that carry tools or tool-call history; every other
 request renders with the model's own template exactly as before, so their prompts (and the
 prefix cache hits between them) do not change.

@@ -148,3 +148,16 @@ def test_a_template_file_by_path(tmp_path: Path) -> None:
     assert found is not None and found.text == path.read_text() and found.source == str(path)
     with pytest.raises(ValueError, match="cannot be read"):
         resolve_tool_template(str(tmp_path / "missing.jinja"), None, "hermes")
+
+
+def test_settings_name_the_template_and_parser(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from services.router.settings import RouterSettings
+
+    defaults = RouterSettings()
+    assert (defaults.tool_chat_template, defaults.tool_call_parser) == ("auto", "hermes")
+    monkeypatch.setenv("QUIRE_TOOL_CHAT_TEMPLATE", "none")
+    assert RouterSettings().tool_chat_template == "none"
+    with pytest.raises(ValidationError, match="tool_call_parser must be one of"):
+        RouterSettings(tool_call_parser="mistral")
