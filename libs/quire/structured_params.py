@@ -1,7 +1,9 @@
 """StructuredOutputParams: the grammar one request's output must follow (vLLM's names).
 
 Exactly one constraint is set: a JSON schema, any JSON object, a regular expression, a fixed
-list of choices or an EBNF grammar (xgrammar's dialect, GBNF-like). The engine enforces it
+list of choices, an EBNF grammar (xgrammar's dialect, GBNF-like) or a structural tag
+(xgrammar's `{"type": "structural_tag", "format": {...}}`: free text with tagged regions
+under their own schemas, what chat's `tool_choice: "auto"` decodes under). The engine enforces it
 while decoding (`quire.engine.structured`): every step, tokens that cannot continue a match
 are masked out of the logits, and the output ends ("stop") once the grammar is complete.
 """
@@ -14,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_CHOICES = 1024  # most alternatives in a `choice` constraint
-MAX_SPEC_CHARS = 256 * 1024  # longest schema / regex / grammar text
+MAX_SPEC_CHARS = 256 * 1024  # longest schema / regex / grammar / structural tag text
+_TEXT_KINDS = ("json", "regex", "grammar", "structural_tag")  # the constraints given as text
 
 
 @dataclass(frozen=True)
@@ -30,24 +33,27 @@ class StructuredOutputParams:
     choice: tuple[str, ...] | list[str] | None = None  # the output is exactly one of these
     grammar: str | None = None  # an EBNF grammar (root rule `root`)
     json_object: bool = False  # any JSON object (OpenAI's response_format json_object)
+    # xgrammar's structural tag (JSON text or a dict): e.g. free text until a trigger, then a
+    # tagged region under a schema (vLLM's `structural_tag`)
+    structural_tag: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.json, dict | bool):
-            # Key order kept: a schema's property order is the order the output writes them.
-            object.__setattr__(self, "json", json.dumps(self.json))
+        for name in ("json", "structural_tag"):
+            value = getattr(self, name)
+            if isinstance(value, dict | bool):
+                # Key order kept: a schema's property order is the order the output writes.
+                object.__setattr__(self, name, json.dumps(value))
         if self.choice is not None:
             object.__setattr__(self, "choice", tuple(self.choice))
         set_fields = [
-            name
-            for name in ("json", "regex", "choice", "grammar")
-            if getattr(self, name) is not None
+            name for name in _TEXT_KINDS + ("choice",) if getattr(self, name) is not None
         ] + (["json_object"] if self.json_object else [])
         if len(set_fields) != 1:
             raise ValueError(
-                "structured output needs exactly one of json, regex, choice, grammar or "
-                f"json_object; got {set_fields or 'none'}"
+                "structured output needs exactly one of json, regex, choice, grammar, "
+                f"structural_tag or json_object; got {set_fields or 'none'}"
             )
-        for name in ("json", "regex", "grammar"):
+        for name in _TEXT_KINDS:
             value = getattr(self, name)
             if value is None:
                 continue
@@ -62,6 +68,15 @@ class StructuredOutputParams:
                 raise ValueError(f"structured output json is not valid JSON: {exc}") from exc
             if not isinstance(schema, dict | bool):
                 raise ValueError("structured output json must be a JSON schema object")
+        if isinstance(self.structural_tag, str):
+            try:
+                tag = json.loads(self.structural_tag)
+            except ValueError as exc:
+                raise ValueError(
+                    f"structured output structural_tag is not valid JSON: {exc}"
+                ) from exc
+            if not isinstance(tag, dict):
+                raise ValueError("structured output structural_tag must be a JSON object")
         if self.choice is not None:
             if not self.choice or len(self.choice) > MAX_CHOICES:
                 raise ValueError(f"structured output choice needs 1 to {MAX_CHOICES} strings")
@@ -70,8 +85,8 @@ class StructuredOutputParams:
 
     @property
     def kind(self) -> str:
-        """Which constraint this is: json, json_object, regex, choice or grammar."""
-        for name in ("json", "regex", "choice", "grammar"):
+        """Which constraint this is: json, json_object, regex, choice, grammar or structural_tag."""
+        for name in _TEXT_KINDS + ("choice",):
             if getattr(self, name) is not None:
                 return name
         return "json_object"
@@ -109,6 +124,8 @@ def parse_grammar(params: StructuredOutputParams) -> Any:
             return xgr.Grammar.from_regex(params.regex)
         if params.choice is not None:
             return xgr.Grammar.from_ebnf(choice_grammar(tuple(params.choice)))
+        if params.structural_tag is not None:
+            return xgr.Grammar.from_structural_tag(str(params.structural_tag))
         assert params.grammar is not None, "a StructuredOutputParams sets one field"
         return xgr.Grammar.from_ebnf(params.grammar)
     except (RuntimeError, ValueError, TypeError) as exc:

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from services.router.errors import bad_request
+from services.router.tool_templates import ToolTemplate, uses_tool_template
 
 
 @functools.cache
@@ -23,10 +24,19 @@ def load_tokenizer(model: str) -> Any:
 class PromptProcessor:
     """Turns OpenAI prompts and messages into token ids the executors accept."""
 
-    def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        max_model_len: int,
+        vocab_size: int,
+        tool_template: ToolTemplate | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        # Renders requests with tools or tool history (None: the model's template renders
+        # them, ignoring what it does not know, and "auto" tool choice is refused).
+        self.tool_template = tool_template
 
     def completion_prompts(self, prompt: str | list[Any]) -> list[list[int]]:
         """One id list per prompt: a string, list of strings, ids, or list of id lists."""
@@ -53,11 +63,18 @@ class PromptProcessor:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
     ) -> list[int]:
-        """Render the chat template (by default with the generation prompt) and tokenize it."""
+        """Render the chat template (by default with the generation prompt) and tokenize it.
+
+        A request with tools or tool-call history renders with the tool template, if the
+        router has one; any other keeps the model's own template."""
+        template = None
+        if self.tool_template is not None and uses_tool_template(messages, tools):
+            template = self.tool_template.text
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
                 tools=tools,
+                chat_template=template,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
                 tokenize=False,

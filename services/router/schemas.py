@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal
 
@@ -206,22 +207,53 @@ class TextPart(BaseModel):
     text: str
 
 
+class MessageFunctionCall(BaseModel):
+    """A past call's function in an assistant message: `arguments` is JSON text."""
+
+    name: str = Field(min_length=1)
+    arguments: str
+
+    @field_validator("arguments")
+    @classmethod
+    def _check_arguments(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"arguments must be JSON text: {exc}") from exc
+        return value
+
+
+class MessageToolCall(BaseModel):
+    """One call an earlier assistant turn made (OpenAI's shape)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: MessageFunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(None, max_length=128)  # assistant only
+    tool_call_id: str | None = None  # tool messages: the call this is the result of
 
     @model_validator(mode="after")
-    def _content_required(self) -> ChatMessage:
+    def _check_role_fields(self) -> ChatMessage:
         # Only an assistant turn may omit its content (OpenAI: it carries tool calls then).
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"a {self.role} message cannot carry tool_calls (assistant only)")
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs tool_call_id")
         return self
 
     def for_template(self) -> dict[str, Any]:
-        """The message as chat templates expect it: role and plain-text content."""
+        """The message as chat templates expect it: role, plain-text content, and the tool
+        fields, each past call's `arguments` parsed into the object HF templates expect."""
         if isinstance(self.content, list):
             content = "\n".join(part.text for part in self.content)
         else:
@@ -229,6 +261,20 @@ class ChatMessage(BaseModel):
         message: dict[str, Any] = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": call.type,
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": json.loads(call.function.arguments),
+                    },
+                }
+                for call in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
         return message
 
 

@@ -116,6 +116,18 @@ class RouterSettings(BaseSettings):
         ge=0,
         description="prompt + max_tokens per minute per API key, shared in Redis (0 = off)",
     )
+    tool_chat_template: str = Field(
+        default="auto",
+        min_length=1,
+        description="chat template for requests with tools or tool-call history: auto (the "
+        "model's own if it renders tools, else the router's ChatML tool template for a ChatML "
+        "model, else none), a Jinja file's path, or none (tool_choice auto is then refused)",
+    )
+    tool_call_parser: str = Field(
+        default="hermes",
+        description="the tool-call format tool_choice auto decodes and parses: hermes "
+        '(<tool_call>{"name", "arguments"}</tool_call>)',
+    )
     tls_ca: str = Field(
         default="",
         description="PEM CA bundle: dial executors and the memory manager over TLS "
@@ -136,6 +148,15 @@ class RouterSettings(BaseSettings):
             host, sep, port = address.rpartition(":")
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"executor address {address!r} is not host:port")
+        return value
+
+    @field_validator("tool_call_parser")
+    @classmethod
+    def _check_tool_call_parser(cls, value: str) -> str:
+        from services.router.tool_parsers import TOOL_CALL_PARSERS
+
+        if value not in TOOL_CALL_PARSERS:
+            raise ValueError(f"tool_call_parser must be one of {sorted(TOOL_CALL_PARSERS)}")
         return value
 
     @model_validator(mode="after")

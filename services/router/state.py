@@ -22,6 +22,7 @@ from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptProcessor, load_tokenizer
 from services.router.settings import RouterSettings
 from services.router.token_text import TokenText
+from services.router.tool_templates import resolve_tool_template
 
 
 @dataclass
@@ -83,7 +84,14 @@ class RouterState:
         return cls(
             settings=settings,
             tokenizer=tokenizer,
-            prompts=PromptProcessor(tokenizer, max_model_len, model_config.vocab_size),
+            prompts=PromptProcessor(
+                tokenizer,
+                max_model_len,
+                model_config.vocab_size,
+                resolve_tool_template(
+                    settings.tool_chat_template, tokenizer, settings.tool_call_parser
+                ),
+            ),
             token_text=TokenText(tokenizer),
             directory=directory,
             admission=admission,

@@ -1,9 +1,9 @@
 """Structured outputs at the door: the request fields that ask for one, and their check.
 
 A request names its constraint in one of OpenAI's or vLLM's ways: `response_format`
-(`json_object`, `json_schema`), vLLM's `guided_json` / `guided_regex` / `guided_choice` /
-`guided_grammar`, or vLLM's newer `structured_outputs` object; chat's forced tool calls add
-one more (`services.router.tool_calls`). `requested_spec` turns whichever is set into one
+(`json_object`, `json_schema`, vLLM's `structural_tag`), vLLM's `guided_json` /
+`guided_regex` / `guided_choice` / `guided_grammar`, or vLLM's newer `structured_outputs`
+object; chat's tool calls add one more (`services.router.tool_calls`). `requested_spec` turns whichever is set into one
 `StructuredOutputParams` (two at once is a 400 naming the second), and `check_spec` parses it
 with xgrammar without a tokenizer (the executor compiles it against its own) so a schema,
 regex or grammar that cannot compile is a 400 naming the field before any executor sees the
@@ -36,11 +36,48 @@ class JsonSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
-    """OpenAI's `response_format`: text (no constraint), any JSON object, or a schema."""
+class StructureItem(BaseModel):
+    """One tag of vLLM's legacy structural tag: `begin`, JSON under `schema`, then `end`."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    model_config = ConfigDict(populate_by_name=True)
+
+    begin: str
+    json_schema: dict[str, Any] = Field(alias="schema")
+    end: str
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's `response_format`: text (no constraint), any JSON object, or a schema; vLLM's
+    `structural_tag` too, as xgrammar's `format` or the legacy `structures` + `triggers`."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None  # structural_tag: xgrammar's format object
+    structures: list[StructureItem] | None = None  # structural_tag, legacy shape
+    triggers: list[str] | None = None  # structural_tag, legacy shape
+
+    def structural_tag(self) -> dict[str, Any]:
+        """The structural tag this format asks for, in xgrammar's current shape."""
+        if self.format is not None:
+            return {"type": "structural_tag", "format": self.format}
+        if self.structures is None or self.triggers is None:
+            raise bad_request(
+                "response_format structural_tag needs format, or structures and triggers",
+                "response_format",
+            )
+        tags = [
+            {
+                "type": "tag",
+                "begin": item.begin,
+                "content": {"type": "json_schema", "json_schema": item.json_schema},
+                "end": item.end,
+            }
+            for item in self.structures
+        ]
+        return {
+            "type": "structural_tag",
+            "format": {"type": "triggered_tags", "triggers": self.triggers, "tags": tags},
+        }
 
 
 class StructuredOutputsField(BaseModel):
@@ -53,6 +90,7 @@ class StructuredOutputsField(BaseModel):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | dict[str, Any] | None = None
 
 
 class StructuredFields(BaseModel):
@@ -78,6 +116,8 @@ class StructuredFields(BaseModel):
                     "response_format.json_schema",
                 )
             found.append(("response_format", {"json": fmt.json_schema.json_schema}))
+        elif fmt is not None and fmt.type == "structural_tag":
+            found.append(("response_format", {"structural_tag": fmt.structural_tag()}))
         for name, key in (
             ("guided_json", "json"),
             ("guided_regex", "regex"),
@@ -102,6 +142,12 @@ class StructuredFields(BaseModel):
                     ("choice", so.choice),
                     ("grammar", so.grammar),
                     ("json_object", so.json_object or None),
+                    (
+                        "structural_tag",
+                        None
+                        if so.structural_tag is None
+                        else _json_text(so.structural_tag, "structured_outputs.structural_tag"),
+                    ),
                 )
                 if v is not None
             }
@@ -145,6 +191,8 @@ def _parse_error(key: tuple[str, str]) -> str | None:
         spec = StructuredOutputParams(choice=json.loads(text))
     elif kind == "json_object":
         spec = StructuredOutputParams(json_object=True)
+    elif kind == "structural_tag":
+        spec = StructuredOutputParams(structural_tag=text)
     elif kind == "json":
         spec = StructuredOutputParams(json=text)
     elif kind == "regex":

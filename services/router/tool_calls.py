@@ -1,14 +1,25 @@
-"""Tool calling on chat: the request's tools, the grammar that forces a call, its parser.
+"""Tool calling on chat: the request's tools, the grammar the output follows, its parser.
 
-A forced call is a structured output. `tool_choice: {"type": "function", "function":
-{"name": N}}` generates N's arguments object under its `parameters` schema; `"required"`
-generates a JSON array of one or more `{"name": <const>, "arguments": <that tool's
-parameters>}` objects (anyOf over the tools; one when `parallel_tool_calls` is false).
-`ToolCallParser` reads that text, whole or as it streams, into OpenAI's `tool_calls`.
-`"none"` ignores the tools. `"auto"` lets the model choose, which needs a chat template that
-renders tools and a parser for the call format the model writes; Quire has no such parser
-(and the served templates render no tools), so `"auto"` is a 400 naming tool_choice and the
-default with tools is "none", as vLLM does without `--enable-auto-tool-choice`.
+`plan_tool_calls` turns `tools` + `tool_choice` into what the output is held to:
+
+- A named function (`tool_choice: {"type": "function", "function": {"name": N}}`) generates
+  N's arguments object under its `parameters` schema; `"required"` generates a JSON array of
+  one or more `{"name": <const>, "arguments": <that tool's parameters>}` objects (anyOf over
+  the tools; one when `parallel_tool_calls` is false). Both are JSON-schema structured
+  outputs, and `ToolCallParser` reads that text, whole or as it streams, into `tool_calls`.
+- `"auto"` lets the model choose between words and calls. It needs a chat template that
+  renders the tools and the call history (`services.router.tool_templates`: the model's own
+  when it renders tools, else the router's ChatML tool template for a ChatML model) and the
+  call format that template asks for (router setting `tool_call_parser`, a registry in
+  `services.router.tool_parsers`; `hermes`: `<tool_call>{"name", "arguments"}</tool_call>`).
+  The output is decoded under the format's xgrammar structural tag: free text until the
+  trigger `<tool_call>`, then a call of one of the tools with arguments under its schema,
+  then free text again, so every call's arguments parse and validate whatever the model.
+  With a tool template, "auto" is the default when `tools` are given (OpenAI's); without
+  one, "auto" is a 400 naming tool_choice and the default stays "none".
+- `"none"` ignores the tools (they still reach the template).
+
+finish_reason is "tool_calls" when the output stopped with at least one whole call.
 """
 
 from __future__ import annotations
@@ -17,12 +28,15 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
 from quire.structured_params import StructuredOutputParams
 from services.router.errors import bad_request
+
+if TYPE_CHECKING:
+    from services.router.tool_parsers import ToolCallFormat
 
 
 class FunctionDefinition(BaseModel):
@@ -58,10 +72,25 @@ class ForcedCall:
     spec: StructuredOutputParams
 
 
-def forced_call(
-    tools: list[Tool] | None, choice: ToolChoice | None, parallel_tool_calls: bool | None
-) -> ForcedCall | None:
-    """What `tools` and `tool_choice` ask of the output; a 400 naming the field if invalid."""
+@dataclass(frozen=True)
+class AutoCalls:
+    """`tool_choice: "auto"`: words or calls, the calls in `format` and held to its grammar."""
+
+    format: ToolCallFormat
+    spec: StructuredOutputParams
+
+
+def plan_tool_calls(
+    tools: list[Tool] | None,
+    choice: ToolChoice | None,
+    parallel_tool_calls: bool | None,
+    auto_format: ToolCallFormat | None = None,
+) -> ForcedCall | AutoCalls | None:
+    """What `tools` and `tool_choice` ask of the output; a 400 naming the field if invalid.
+
+    `auto_format` is the call format of the served tool template; None when there is no tool
+    template, so "auto" cannot be served.
+    """
     if not tools:
         if choice is not None and choice != "none":
             raise bad_request("tool_choice needs tools", "tool_choice")
@@ -69,14 +98,20 @@ def forced_call(
     names = [t.function.name for t in tools]
     if len(set(names)) != len(names):
         raise bad_request("tool function names must be unique", "tools")
-    if choice is None or choice == "none":
+    if choice is None:
+        choice = "auto" if auto_format is not None else "none"
+    if choice == "none":
         return None
     if choice == "auto":
-        raise bad_request(
-            '"auto" tool choice is not supported: it needs a parser for the tool calls this '
-            'model writes, and Quire has none; use "required", a named function or "none"',
-            "tool_choice",
-        )
+        if auto_format is None:
+            raise bad_request(
+                '"auto" tool choice needs a chat template that renders tools, and this router '
+                'has none for its model (setting tool_chat_template); use "required", a named '
+                'function or "none"',
+                "tool_choice",
+            )
+        tag = auto_format.structural_tag(tools, parallel_tool_calls is not False)
+        return AutoCalls(auto_format, StructuredOutputParams(structural_tag=tag))
     schemas = {t.function.name: t.function.parameters or NO_ARGUMENTS for t in tools}
     if isinstance(choice, NamedToolChoice):
         name = choice.function.name
@@ -165,7 +200,7 @@ class ToolCallParser:
                 not call.arguments and self.text[self._args_start : self._args_start + 1].isspace()
             ):
                 self._args_start += 1  # the head matched before the space after its colon
-            end = _json_value_end(self.text, self._args_start)
+            end = json_value_end(self.text, self._args_start)
             stop = len(self.text) if end is None else end
             new = self.text[self._args_start + len(call.arguments) : stop]
             if new:
@@ -191,7 +226,7 @@ class ToolCallParser:
         return self._open is None and bool(self.calls) and self.text.rstrip().endswith("]")
 
 
-def _json_value_end(text: str, start: int) -> int | None:
+def json_value_end(text: str, start: int) -> int | None:
     """The index just past the JSON value starting at `start`, or None if it is unfinished."""
     depth, in_string, escaped = 0, False, False
     i = start

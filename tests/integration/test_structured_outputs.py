@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
 
-from services.stack.ports import stack_ports
+from services.router.prompts import load_tokenizer
+from services.stack.ports import free_port, stack_ports
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 from tests.integration.conftest import REPO, wait_for_executors
@@ -195,6 +199,10 @@ def test_forced_tool_calls_validate_streaming_and_not(
         "max_tokens": 120,
         "temperature": 0,
     }
+    if tool_choice == "required":
+        # Shown its tools by the tool template, SmolLM2-135M picks get_weather with the right
+        # arguments, then repeats that call until max_tokens when more than one is allowed.
+        kwargs["parallel_tool_calls"] = False
     reply = client.chat.completions.create(**kwargs)
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
@@ -266,8 +274,182 @@ def test_bad_schema_is_a_400_from_the_real_router(client: openai.OpenAI) -> None
             },
         )
     assert info.value.body["param"] == "response_format"  # type: ignore[index]
+    bad_tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, tools=[WEATHER], tool_choice="auto"
-        )  # type: ignore[list-item]
+            model=MODEL,
+            messages=MESSAGES,
+            tools=[bad_tool],  # type: ignore[list-item]
+            tool_choice="auto",
+        )
+    assert info.value.body["param"] == "tools"  # type: ignore[index]
+
+
+# --- tool_choice "auto": the router's ChatML tool template, the hermes format -------------
+
+
+TAG = "<tool_call>"
+
+
+def chat(client: openai.OpenAI, stream: bool, **kwargs: Any) -> dict[str, Any]:
+    """One choice as {content, calls: [(id, name, arguments)], finish}, streamed or not.
+
+    Streamed, content chunks are checked never to carry a `<tool_call>` tag or its start."""
+    kwargs = {"model": MODEL, "temperature": 0, "max_tokens": 80, **kwargs}
+    if not stream:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        calls = [
+            (c.id, c.function.name, c.function.arguments)
+            for c in choice.message.tool_calls or []
+            if c.type == "function"
+        ]
+        return {
+            "content": choice.message.content or "",
+            "calls": calls,
+            "finish": choice.finish_reason,
+        }
+    content, finish = "", None
+    parts: dict[int, list[str]] = {}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        delta, piece = chunk.choices[0].delta, chunk.choices[0].delta.content or ""
+        assert "<tool_call>" not in piece and "</tool_call>" not in piece, piece
+        if not chunk.choices[0].finish_reason:  # what could still become a tag is held back
+            assert not any(piece.endswith(TAG[:n]) for n in range(1, len(TAG))), piece
+        content += piece
+        for d in delta.tool_calls or []:
+            if d.id:
+                parts[d.index] = [d.id, (d.function.name if d.function else None) or "", ""]
+            parts[d.index][2] += (d.function.arguments or "") if d.function else ""
+        finish = chunk.choices[0].finish_reason or finish
+    return {"content": content, "calls": [tuple(p) for p in parts.values()], "finish": finish}
+
+
+def assert_well_formed(answer: dict[str, Any]) -> None:
+    """Words, or calls of the given tools whose arguments validate; the finish says which."""
+    if answer["calls"]:
+        assert answer["finish"] in ("tool_calls", "length"), answer
+    else:
+        assert answer["finish"] in ("stop", "length") and answer["content"], answer
+    for call_id, name, arguments in answer["calls"]:
+        assert call_id.startswith("call_")
+        if answer["finish"] == "tool_calls":
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+@pytest.fixture(scope="module")
+def open_angle() -> int:
+    """The default model's token for "<", with which a Hermes call starts."""
+    (token,) = load_tokenizer(str(REPO / "models" / MODEL)).encode("<", add_special_tokens=False)
+    return int(token)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_choice_answers_well_formed(client: openai.OpenAI, stream: bool) -> None:
+    for tool_choice in ("auto", None):  # None: auto is the default with tools
+        extra = {"tool_choice": tool_choice} if tool_choice else {}
+        answer = chat(client, stream, messages=MESSAGES, tools=[WEATHER, SEARCH], **extra)
+        assert_well_formed(answer)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_tool_call_end_to_end(client: openai.OpenAI, stream: bool, open_angle: int) -> None:
+    # SmolLM2-135M answers this in words, greedily. A small bias on "<" makes its first token
+    # "<"; the model itself goes on to write "tool_call>" (the tool template shows it the
+    # format), the grammar holds the rest to get_weather's or search's schema, and
+    # parallel_tool_calls=false ends the output after the call.
+    kwargs: dict[str, Any] = {
+        "messages": MESSAGES,
+        "tools": [WEATHER, SEARCH],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "logit_bias": {str(open_angle): 5},
+    }
+    answer = chat(client, stream, **kwargs)
+    assert answer["finish"] == "tool_calls" and len(answer["calls"]) == 1, answer
+    (_, name, arguments), content = answer["calls"][0], answer["content"]
+    assert name == "get_weather" and content == ""
+    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    other = chat(client, not stream, **kwargs)  # greedy: streamed and whole agree
+    assert [c[1:] for c in other["calls"]] == [c[1:] for c in answer["calls"]]
+
+
+HISTORY = [
+    *MESSAGES,
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "arguments": '{"city": "Paris", "unit": "celsius", "days": 3}',
+                },
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 24 C, then rain."},
+]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_call_history_is_answered(client: openai.OpenAI, stream: bool) -> None:
+    answer = chat(client, stream, messages=HISTORY, tools=[WEATHER, SEARCH])
+    assert_well_formed(answer)
+    assert_well_formed(chat(client, stream, messages=HISTORY))  # history, no tools
+
+
+@pytest.fixture(scope="module")
+def plain_router(smol_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A second router over the same executors, with tool_chat_template=none."""
+    port = free_port()
+    c = smol_stack.config
+    argv = [
+        sys.executable,
+        "-m",
+        "services.router",
+        "--port",
+        str(port),
+        "--model",
+        c.model,
+        "--redis-url",
+        c.redis_url,
+        "--redis-prefix",
+        c.redis_prefix,
+        "--memory-manager",
+        "",
+        "--tool-chat-template",
+        "none",
+    ]
+    log = (tmp_path_factory.mktemp("plain-router") / "router.log").open("w")
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "router did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_auto_without_a_tool_template_is_a_400(plain_router: str, stream: bool) -> None:
+    plain = openai.OpenAI(base_url=f"{plain_router}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        chat(plain, stream, messages=MESSAGES, tools=[WEATHER], tool_choice="auto")
     assert info.value.body["param"] == "tool_choice"  # type: ignore[index]
+    # The default with tools is then "none": the model's own template, plain words.
+    answer = chat(plain, stream, messages=MESSAGES, tools=[WEATHER], max_tokens=8)
+    assert answer["calls"] == [] and answer["content"]

@@ -62,6 +62,8 @@ def structured_to_proto(spec: StructuredOutputParams) -> pb.StructuredOutput:
         return pb.StructuredOutput(choice=pb.ChoiceList(choices=list(spec.choice)))
     if spec.grammar is not None:
         return pb.StructuredOutput(grammar=spec.grammar)
+    if spec.structural_tag is not None:
+        return pb.StructuredOutput(structural_tag=str(spec.structural_tag))
     return pb.StructuredOutput(json_object=True)
 
 
@@ -76,6 +78,8 @@ def structured_from_proto(msg: pb.StructuredOutput) -> StructuredOutputParams:
         return StructuredOutputParams(choice=list(msg.choice.choices))
     if kind == "grammar":
         return StructuredOutputParams(grammar=msg.grammar)
+    if kind == "structural_tag":
+        return StructuredOutputParams(structural_tag=msg.structural_tag)
     if kind == "json_object" and msg.json_object:
         return StructuredOutputParams(json_object=True)
     raise ValueError("structured output sets no constraint")

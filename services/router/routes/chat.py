@@ -30,7 +30,14 @@ from services.router.schemas import (
 )
 from services.router.structured import check_spec
 from services.router.token_text import TokenText
-from services.router.tool_calls import ForcedCall, ToolCallParser, forced_call
+from services.router.tool_calls import (
+    AutoCalls,
+    CallDelta,
+    ForcedCall,
+    ToolCallParser,
+    plan_tool_calls,
+)
+from services.router.tool_parsers import TOOL_CALL_PARSERS, AutoToolParser
 
 router = APIRouter(tags=["chat"])
 
@@ -44,12 +51,15 @@ async def create_chat_completion(
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     structured = body.requested_structured()
-    call = forced_call(body.tools, body.tool_choice, body.parallel_tool_calls)
+    template = state.prompts.tool_template
+    auto_format = TOOL_CALL_PARSERS[template.parser] if template is not None else None
+    choice = body.tool_choice
+    if choice is None and structured is not None:
+        choice = "none"  # a structured output asked for: tools default to "none", as before
+    call = plan_tool_calls(body.tools, choice, body.parallel_tool_calls, auto_format)
     if call is not None:
         if structured is not None:
-            raise bad_request(
-                f"{structured[0]} cannot be combined with a forced tool call", structured[0]
-            )
+            raise bad_request(f"{structured[0]} cannot be combined with tool calls", structured[0])
         structured = ("tools", call.spec)
     if structured is not None:
         check_spec(structured[1], structured[0])
@@ -89,8 +99,10 @@ class ChatShape:
     model: str
     with_logprobs: bool
     num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (response level)
-    tool_call: ForcedCall | None = None  # a forced call: the text becomes tool_calls
+    # Tool calls the text becomes: a forced call's, or "auto"'s words and calls.
+    tool_call: ForcedCall | AutoCalls | None = None
     _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
+    _auto_parsers: dict[int, AutoToolParser] = field(default_factory=dict)  # one per choice
 
     def opening(self, num_choices: int) -> list[BaseModel]:
         """Every choice's first chunk names the assistant role, before any content."""
@@ -111,7 +123,8 @@ class ChatShape:
                         delta=self._delta(u),
                         logprobs=self._logprobs(u),
                         finish_reason=self._finish_reason(
-                            u.finish_reason, self._parsers.get(u.index)
+                            u.finish_reason,
+                            self._parsers.get(u.index) or self._auto_parsers.get(u.index),
                         ),
                         stop_reason=u.stop_reason,
                     )
@@ -154,43 +167,68 @@ class ChatShape:
     def _delta(self, update: ChoiceUpdate) -> DeltaMessage:
         if self.tool_call is None:
             return DeltaMessage(content=update.text) if update.text else DeltaMessage()
+        if isinstance(self.tool_call, AutoCalls):
+            return self._auto_delta(update, self.tool_call)
         parser = self._parsers.setdefault(update.index, ToolCallParser(self.tool_call.name))
-        calls = [
-            DeltaToolCall(
-                index=d.index,
-                id=d.id,
-                type="function" if d.id else None,
-                function=DeltaFunctionCall(name=d.name, arguments=d.arguments),
-            )
-            for d in parser.feed(update.text)
-        ]
+        calls = _delta_calls(parser.feed(update.text))
         return DeltaMessage(tool_calls=calls) if calls else DeltaMessage()
 
-    def _whole_parsers(self, choices: list[ChoiceUpdate]) -> list[ToolCallParser | None]:
+    def _auto_delta(self, update: ChoiceUpdate, auto: AutoCalls) -> DeltaMessage:
+        """Words as content, calls as tool_calls; what could be a tag is held back."""
+        parser = self._auto_parsers.get(update.index)
+        if parser is None:
+            parser = self._auto_parsers[update.index] = auto.format.new_parser()
+        parsed = parser.feed(update.text)
+        content, calls = parsed.content, _delta_calls(parsed.calls)
+        if update.finish_reason is not None:
+            content += parser.finish().content
+        return DeltaMessage(content=content or None, tool_calls=calls or None)
+
+    def _whole_parsers(
+        self, choices: list[ChoiceUpdate]
+    ) -> list[ToolCallParser | AutoToolParser | None]:
         if self.tool_call is None:
             return [None] * len(choices)
-        parsers: list[ToolCallParser | None] = []
+        parsers: list[ToolCallParser | AutoToolParser | None] = []
         for choice in choices:
+            if isinstance(self.tool_call, AutoCalls):
+                auto = self.tool_call.format.new_parser()
+                auto.feed(choice.text)
+                auto.finish()
+                parsers.append(auto)
+                continue
             parser = ToolCallParser(self.tool_call.name)
             parser.feed(choice.text)
             parsers.append(parser)
         return parsers
 
-    def _message(self, choice: ChoiceUpdate, parser: ToolCallParser | None) -> ChatResponseMessage:
-        """The reply; a forced call's text as tool_calls (as text if it was cut short)."""
-        if parser is None or choice.finish_reason != "stop" or not parser.is_complete():
+    def _message(
+        self, choice: ChoiceUpdate, parser: ToolCallParser | AutoToolParser | None
+    ) -> ChatResponseMessage:
+        """The reply; a forced call's text as tool_calls (as text if it was cut short);
+        "auto"'s words as content, its whole calls as tool_calls (an unfinished one as text)."""
+        if parser is None:
             return ChatResponseMessage(content=choice.text)
-        calls = [
-            ToolCall(id=c.id or "", function=FunctionCall(name=c.name or "", arguments=c.arguments))
-            for c in parser.calls
-        ]
-        return ChatResponseMessage(content=None, tool_calls=calls)
+        if isinstance(parser, ToolCallParser):
+            if choice.finish_reason != "stop" or not parser.is_complete():
+                return ChatResponseMessage(content=choice.text)
+            return ChatResponseMessage(content=None, tool_calls=_tool_calls(parser.calls))
+        calls = parser.complete_calls()
+        content = parser.content + parser.unfinished_text()
+        return ChatResponseMessage(
+            content=content or (None if calls else ""), tool_calls=_tool_calls(calls)
+        )
 
-    def _finish_reason(self, reason: str | None, parser: ToolCallParser | None) -> str | None:
-        # The grammar of a forced call ended it with every call whole: OpenAI's "tool_calls".
-        if reason == "stop" and parser is not None and parser.is_complete():
-            return "tool_calls"
-        return reason
+    def _finish_reason(
+        self, reason: str | None, parser: ToolCallParser | AutoToolParser | None
+    ) -> str | None:
+        # The output stopped with whole calls (a forced call's grammar ended it, or "auto"
+        # made at least one): OpenAI's "tool_calls".
+        if reason != "stop" or parser is None:
+            return reason
+        if isinstance(parser, ToolCallParser):
+            return "tool_calls" if parser.is_complete() else reason
+        return "tool_calls" if parser.complete_calls() else reason
 
     def _chunk(
         self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None
@@ -205,3 +243,22 @@ class ChatShape:
         return chat_logprobs(
             self.token_text, update.token_ids, update.logprobs, update.num_logprobs
         )
+
+
+def _delta_calls(deltas: list[CallDelta]) -> list[DeltaToolCall]:
+    return [
+        DeltaToolCall(
+            index=d.index,
+            id=d.id,
+            type="function" if d.id else None,
+            function=DeltaFunctionCall(name=d.name, arguments=d.arguments),
+        )
+        for d in deltas
+    ]
+
+
+def _tool_calls(calls: list[CallDelta]) -> list[ToolCall]:
+    return [
+        ToolCall(id=c.id or "", function=FunctionCall(name=c.name or "", arguments=c.arguments))
+        for c in calls
+    ]

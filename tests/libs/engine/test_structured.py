@@ -114,6 +114,40 @@ def test_ebnf_grammar_and_json_object(llm: LLM) -> None:
         assert isinstance(json.loads(text), dict)
 
 
+# A structural tag: a fixed prefix, then a tagged region whose content is under a schema.
+TAGGED = {
+    "type": "structural_tag",
+    "format": {
+        "type": "sequence",
+        "elements": [
+            {"type": "const_string", "value": "answer: "},
+            {
+                "type": "tag",
+                "begin": "<n>",
+                "content": {"type": "json_schema", "json_schema": {"enum": [1, 2, 3]}},
+                "end": "</n>",
+            },
+        ],
+    },
+}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_structural_tag_outputs_match_and_compile_once(llm: LLM, temperature: float) -> None:
+    params = SamplingParams(
+        temperature=temperature,
+        seed=6,
+        n=2,
+        max_tokens=30,
+        structured=StructuredOutputParams(structural_tag=TAGGED),
+    )
+    for text, finish in texts(llm, "Tag:", params):
+        assert finish == "stop" and re.fullmatch(r"answer: <n>[123]</n>", text), text
+    masks = llm.engine.structured_outputs()
+    compiled = masks.compile(StructuredOutputParams(structural_tag=json.dumps(TAGGED)))
+    assert masks.compile(StructuredOutputParams(structural_tag=TAGGED)) is compiled
+
+
 def test_grammar_end_stops_even_with_ignore_eos(llm: LLM) -> None:
     params = SamplingParams(
         temperature=0,
@@ -166,6 +200,10 @@ def test_constrained_sampling_survives_preemption(tiny_model: Path) -> None:
         ({"regex": "(unclosed"}, "invalid regex"),
         ({"grammar": "root ::= missing_rule"}, "invalid grammar"),
         ({"json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}, "invalid json"),
+        (
+            {"structural_tag": {"type": "structural_tag", "format": {"type": "nonsense"}}},
+            "invalid structural_tag",
+        ),
     ],
 )
 def test_specs_that_do_not_compile_raise_and_queue_nothing(
@@ -180,7 +218,15 @@ def test_specs_that_do_not_compile_raise_and_queue_nothing(
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{}, {"regex": "a", "choice": ["b"]}, {"choice": []}, {"json": "not json"}, {"regex": ""}],
+    [
+        {},
+        {"regex": "a", "choice": ["b"]},
+        {"choice": []},
+        {"json": "not json"},
+        {"regex": ""},
+        {"structural_tag": "[1]"},
+        {"structural_tag": "not json"},
+    ],
 )
 def test_malformed_params_raise(kwargs: dict) -> None:
     with pytest.raises(ValueError, match="structured output"):

@@ -172,8 +172,14 @@ def test_prompt_logprobs_are_named_by_the_prompt_ids() -> None:
         StructuredOutputParams(choice=["yes", "no"]),
         StructuredOutputParams(grammar='root ::= "a" | "b"'),
         StructuredOutputParams(json_object=True),
+        StructuredOutputParams(
+            structural_tag={
+                "type": "structural_tag",
+                "format": {"type": "const_string", "value": "hi"},
+            }
+        ),
     ],
-    ids=["json", "regex", "choice", "grammar", "json_object"],
+    ids=["json", "regex", "choice", "grammar", "json_object", "structural_tag"],
 )
 def test_structured_outputs_round_trip(spec: StructuredOutputParams) -> None:
     params = SamplingParams(max_tokens=5, structured=spec)

@@ -30,6 +30,12 @@ WEATHER = {
 }
 TIME = {"type": "function", "function": {"name": "get_time"}}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+TAG_FORMAT = {
+    "type": "tag",
+    "begin": "<n>",
+    "content": {"type": "json_schema", "json_schema": SCHEMA},
+    "end": "</n>",
+}
 
 
 @pytest.fixture
@@ -81,6 +87,47 @@ def sent_spec(cluster: Cluster) -> StructuredOutputParams | None:
         ),
         ("chat", {"structured_outputs": {"regex": "[ab]+"}}, StructuredOutputParams(regex="[ab]+")),
         ("completions", {"response_format": {"type": "text"}}, None),
+        (
+            "chat",
+            {"response_format": {"type": "structural_tag", "format": TAG_FORMAT}},
+            StructuredOutputParams(structural_tag={"type": "structural_tag", "format": TAG_FORMAT}),
+        ),
+        (
+            "completions",
+            {
+                "response_format": {
+                    "type": "structural_tag",
+                    "structures": [{"begin": "<n>", "schema": SCHEMA, "end": "</n>"}],
+                    "triggers": ["<n>"],
+                }
+            },
+            StructuredOutputParams(
+                structural_tag={
+                    "type": "structural_tag",
+                    "format": {
+                        "type": "triggered_tags",
+                        "triggers": ["<n>"],
+                        "tags": [
+                            {
+                                "type": "tag",
+                                "begin": "<n>",
+                                "content": {"type": "json_schema", "json_schema": SCHEMA},
+                                "end": "</n>",
+                            }
+                        ],
+                    },
+                }
+            ),
+        ),
+        (
+            "chat",
+            {
+                "structured_outputs": {
+                    "structural_tag": {"type": "structural_tag", "format": TAG_FORMAT}
+                }
+            },
+            StructuredOutputParams(structural_tag={"type": "structural_tag", "format": TAG_FORMAT}),
+        ),
     ],
 )
 def test_every_way_of_asking_reaches_the_executor(
@@ -122,7 +169,28 @@ def test_every_way_of_asking_reaches_the_executor(
             None,
         ),
         ({"tools": [WEATHER, WEATHER], "tool_choice": "required"}, "tools", "unique"),
-        ({"tools": [WEATHER], "tool_choice": "auto"}, "tool_choice", "auto"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}
+                ],
+                "tool_choice": "auto",
+            },
+            "tools",
+            "frob",
+        ),
+        (
+            {"response_format": {"type": "structural_tag", "format": {"type": "frob"}}},
+            "response_format",
+            "structural_tag",
+        ),
+        ({"response_format": {"type": "structural_tag"}}, "response_format", "structures"),
+        (
+            {"structured_outputs": {"structural_tag": "{not json"}},
+            "structured_outputs.structural_tag",
+            "JSON",
+        ),
+        ({"tools": [WEATHER], "tool_choice": "auto", "guided_regex": "a"}, "guided_regex", "tool"),
         ({"tool_choice": "required"}, "tool_choice", "needs tools"),
         (
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
@@ -254,15 +322,15 @@ def test_tool_choice_none_ignores_the_tools(setup: tuple[Cluster, RouterHandle, 
     cluster, router, tokenizer = setup
     play(cluster, tokenizer, " plain words")
     with router.http() as http:
-        for choice in ("none", None):
-            body = {"messages": CHAT, "tools": [WEATHER], "max_tokens": 8}
-            if choice:
-                body["tool_choice"] = choice
+        # A structured output asked for, and no tool_choice: the tools default to "none".
+        for extra in ({"tool_choice": "none"}, {"guided_choice": [" plain words"]}):
+            body = {"messages": CHAT, "tools": [WEATHER], "max_tokens": 8, **extra}
             reply = http.post("/v1/chat/completions", json=body).json()
             assert reply["choices"][0]["message"]["content"] == " plain words"
             assert reply["choices"][0]["finish_reason"] == "stop"
     requests = [r for f in cluster.fakes.values() for r in f.executor.requests]
-    assert requests and all(not r.params.HasField("structured") for r in requests)
+    assert len(requests) == 2 and not requests[0].params.HasField("structured")
+    assert requests[1].params.structured.WhichOneof("spec") == "choice"
 
 
 def test_cut_short_tool_call_comes_back_as_text(
