@@ -55,8 +55,9 @@ DEFINITIONS = {
     "tokens_identical_to_vllm": "requests whose greedy output token ids equal vLLM's exactly, "
     "in the same dtype, out of all requests",
     "peak_rss_mib": "peak resident memory of each system's processes: Quire's from this "
-    "process's ru_maxrss right after its runs (before transformers loads), vLLM's summed over "
-    "its front-end and engine-core processes",
+    "process's VmHWM over one dtype's runs (reset before its LLM loads; the process's "
+    "libraries and whatever earlier runs left resident count too), vLLM's summed over its "
+    "front-end and engine-core processes",
     "matmul_fraction": "Quire achieved FLOP/s / best matmul FLOP/s in the same dtype measured in this "
     "run. Achieved = (2 * decoder linear params * tokens computed (prefill + decode) + 2 * "
     "lm_head params * logit rows + 4 * layers * heads * head_dim * sum of context lengths "

@@ -50,6 +50,23 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def reset_peak_rss() -> bool:
+    """Start a new peak-RSS window (Linux: `5` into /proc/self/clear_refs resets VmHWM)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
 def peak_rss_mib() -> float:
-    """This process's peak resident memory so far (ru_maxrss), MiB."""
+    """This process's peak resident memory since `reset_peak_rss` (VmHWM), else ever, MiB."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

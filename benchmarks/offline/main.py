@@ -31,7 +31,7 @@ from benchmarks.offline.hf import (
     run_hf_static,
     warm_up_hf_static,
 )
-from benchmarks.offline.machine import machine_info, matmul_flops, peak_rss_mib
+from benchmarks.offline.machine import machine_info, matmul_flops, peak_rss_mib, reset_peak_rss
 from benchmarks.offline.plot import draw
 from benchmarks.offline.quire_run import run_quire, warm_up_quire, warmup_workload
 from benchmarks.offline.table import print_table
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         }
 
     for dtype in args.dtypes:
+        gc.collect()
+        reset_peak_rss()  # this dtype's own peak, not an earlier dtype's or transformers'
         llm = LLM(
             model=args.model,
             block_size=BLOCK_SIZE,

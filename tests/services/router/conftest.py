@@ -193,6 +193,18 @@ def tokenizer() -> Any:
 
 
 @pytest.fixture
+def router_setup(
+    bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
+) -> Iterator[tuple[Cluster, RouterHandle, Any]]:
+    """Live records for the (unscripted) fakes, one router over them, and the tokenizer."""
+    c = Cluster(bg_loop, shared_redis, fakes)
+    c.publish_all()
+    handle = c.router()
+    yield c, handle, tokenizer
+    bg_loop.run(_stop_router(handle))
+
+
+@pytest.fixture
 def cluster(
     bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
 ) -> Iterator[Cluster]:

@@ -4,16 +4,14 @@ shape (whole and streamed), against fake executors that play scripted tokens."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from quire.structured_params import StructuredOutputParams
 from services.common.wire.executor import params_from_proto
-from tests.services.conftest import RedisServer
-from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle, _stop_router
-from tests.services.router.fake_executor import EOS, FakeServer, Script
+from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle
+from tests.services.router.fake_executor import EOS, Script
 from tests.services.router.test_errors import assert_error
 
 CHAT = [{"role": "user", "content": "What is the weather?"}]
@@ -36,17 +34,6 @@ TAG_FORMAT = {
     "content": {"type": "json_schema", "json_schema": SCHEMA},
     "end": "</n>",
 }
-
-
-@pytest.fixture
-def setup(
-    bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
-) -> Iterator[tuple[Cluster, RouterHandle, Any]]:
-    cluster = Cluster(bg_loop, shared_redis, fakes)
-    cluster.publish_all()
-    handle = cluster.router()
-    yield cluster, handle, tokenizer
-    bg_loop.run(_stop_router(handle))
 
 
 def play(cluster: Cluster, tokenizer: Any, text: str) -> None:
@@ -131,9 +118,9 @@ def sent_spec(cluster: Cluster) -> StructuredOutputParams | None:
     ],
 )
 def test_every_way_of_asking_reaches_the_executor(
-    setup: tuple[Cluster, RouterHandle, Any], path: str, extra: dict, expected: Any
+    router_setup: tuple[Cluster, RouterHandle, Any], path: str, extra: dict, expected: Any
 ) -> None:
-    cluster, router, tokenizer = setup
+    cluster, router, tokenizer = router_setup
     play(cluster, tokenizer, "42")
     body: dict[str, Any] = {"max_tokens": 8, **extra}
     body.update({"messages": CHAT} if path == "chat" else {"prompt": "x"})
@@ -215,9 +202,9 @@ def test_every_way_of_asking_reaches_the_executor(
     ],
 )
 def test_bad_constraints_are_400s_before_any_executor(
-    setup: tuple[Cluster, RouterHandle, Any], extra: dict, param: str, fragment: str | None
+    router_setup: tuple[Cluster, RouterHandle, Any], extra: dict, param: str, fragment: str | None
 ) -> None:
-    cluster, router, tokenizer = setup
+    cluster, router, tokenizer = router_setup
     play(cluster, tokenizer, "x")
     with router.http() as http:
         error = assert_error(
@@ -228,8 +215,10 @@ def test_bad_constraints_are_400s_before_any_executor(
     assert not [r for f in cluster.fakes.values() for r in f.executor.requests]
 
 
-def test_named_tool_call_whole_and_streamed(setup: tuple[Cluster, RouterHandle, Any]) -> None:
-    cluster, router, tokenizer = setup
+def test_named_tool_call_whole_and_streamed(
+    router_setup: tuple[Cluster, RouterHandle, Any],
+) -> None:
+    cluster, router, tokenizer = router_setup
     arguments = '{"city": "Paris", "days": 3}'
     play(cluster, tokenizer, arguments)
     choice = {"type": "function", "function": {"name": "get_weather"}}
@@ -271,8 +260,10 @@ def test_named_tool_call_whole_and_streamed(setup: tuple[Cluster, RouterHandle, 
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_required_tool_calls_parse_several_calls(setup: tuple[Cluster, RouterHandle, Any]) -> None:
-    cluster, router, tokenizer = setup
+def test_required_tool_calls_parse_several_calls(
+    router_setup: tuple[Cluster, RouterHandle, Any],
+) -> None:
+    cluster, router, tokenizer = router_setup
     text = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]'
     client = router.openai()
     play(cluster, tokenizer, text)
@@ -318,8 +309,10 @@ def test_required_tool_calls_parse_several_calls(setup: tuple[Cluster, RouterHan
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_tool_choice_none_ignores_the_tools(setup: tuple[Cluster, RouterHandle, Any]) -> None:
-    cluster, router, tokenizer = setup
+def test_tool_choice_none_ignores_the_tools(
+    router_setup: tuple[Cluster, RouterHandle, Any],
+) -> None:
+    cluster, router, tokenizer = router_setup
     play(cluster, tokenizer, " plain words")
     with router.http() as http:
         # A structured output asked for, and no tool_choice: the tools default to "none".
@@ -334,9 +327,9 @@ def test_tool_choice_none_ignores_the_tools(setup: tuple[Cluster, RouterHandle, 
 
 
 def test_cut_short_tool_call_comes_back_as_text(
-    bg_loop: BackgroundLoop, setup: tuple[Cluster, RouterHandle, Any]
+    bg_loop: BackgroundLoop, router_setup: tuple[Cluster, RouterHandle, Any]
 ) -> None:
-    cluster, router, tokenizer = setup
+    cluster, router, tokenizer = router_setup
     partial = tokenizer.encode('{"city": "Par', add_special_tokens=False)
     cluster.script(Script(tokens=partial))  # no EOS: the fake ends it with "length"
     choice = {"type": "function", "function": {"name": "get_weather"}}

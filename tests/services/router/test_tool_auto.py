@@ -6,15 +6,13 @@ template applies)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from services.common.wire.executor import params_from_proto
-from tests.services.conftest import RedisServer
-from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle, _stop_router
-from tests.services.router.fake_executor import EOS, FakeServer, Script
+from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle
+from tests.services.router.fake_executor import EOS, Script
 from tests.services.router.test_errors import assert_error
 from tests.services.router.test_structured import CHAT, TIME, WEATHER, play
 
@@ -38,26 +36,15 @@ HISTORY = [
 ]
 
 
-@pytest.fixture
-def setup(
-    bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
-) -> Iterator[tuple[Cluster, RouterHandle, Any]]:
-    cluster = Cluster(bg_loop, shared_redis, fakes)
-    cluster.publish_all()
-    handle = cluster.router()
-    yield cluster, handle, tokenizer
-    bg_loop.run(_stop_router(handle))
-
-
 def sent(cluster: Cluster) -> list[Any]:
     return [r for f in cluster.fakes.values() for r in f.executor.requests]
 
 
 @pytest.mark.parametrize("explicit", [True, False])
 def test_auto_sends_the_tool_prompt_and_structural_tag(
-    setup: tuple[Cluster, RouterHandle, Any], explicit: bool
+    router_setup: tuple[Cluster, RouterHandle, Any], explicit: bool
 ) -> None:
-    cluster, router, tokenizer = setup
+    cluster, router, tokenizer = router_setup
     play(cluster, tokenizer, "Hello")
     body: dict[str, Any] = {"messages": CHAT, "tools": [WEATHER, TIME], "max_tokens": 8}
     if explicit:
@@ -84,8 +71,8 @@ def test_auto_sends_the_tool_prompt_and_structural_tag(
     assert "<tools>" in prompt and '"name": "get_weather"' in prompt
 
 
-def test_auto_calls_whole_and_streamed(setup: tuple[Cluster, RouterHandle, Any]) -> None:
-    cluster, router, tokenizer = setup
+def test_auto_calls_whole_and_streamed(router_setup: tuple[Cluster, RouterHandle, Any]) -> None:
+    cluster, router, tokenizer = router_setup
     text = "Let me look.\n" + CALL
     play(cluster, tokenizer, text)
     client = router.openai()
@@ -112,8 +99,10 @@ def test_auto_calls_whole_and_streamed(setup: tuple[Cluster, RouterHandle, Any])
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def test_auto_parses_each_choice_on_its_own(setup: tuple[Cluster, RouterHandle, Any]) -> None:
-    cluster, router, tokenizer = setup
+def test_auto_parses_each_choice_on_its_own(
+    router_setup: tuple[Cluster, RouterHandle, Any],
+) -> None:
+    cluster, router, tokenizer = router_setup
 
     def ids(text: str) -> list[int]:
         return list(tokenizer.encode(text, add_special_tokens=False)) + [EOS]
@@ -150,8 +139,10 @@ def test_auto_parses_each_choice_on_its_own(setup: tuple[Cluster, RouterHandle, 
         assert set(calls) == {1}
 
 
-def test_a_call_cut_short_comes_back_as_text(setup: tuple[Cluster, RouterHandle, Any]) -> None:
-    cluster, router, tokenizer = setup
+def test_a_call_cut_short_comes_back_as_text(
+    router_setup: tuple[Cluster, RouterHandle, Any],
+) -> None:
+    cluster, router, tokenizer = router_setup
     partial = tokenizer.encode("Ok " + CALL[:40], add_special_tokens=False)
     cluster.script(Script(tokens=partial))  # no EOS: the fake ends it with "length"
     body = {"messages": CHAT, "tools": [WEATHER], "max_tokens": len(partial)}
@@ -162,8 +153,8 @@ def test_a_call_cut_short_comes_back_as_text(setup: tuple[Cluster, RouterHandle,
     assert out["message"]["content"] == "Ok" + CALL[:40]
 
 
-def test_tool_call_history_is_rendered(setup: tuple[Cluster, RouterHandle, Any]) -> None:
-    cluster, router, tokenizer = setup
+def test_tool_call_history_is_rendered(router_setup: tuple[Cluster, RouterHandle, Any]) -> None:
+    cluster, router, tokenizer = router_setup
     play(cluster, tokenizer, "It is sunny.")
     with router.http() as http:
         body = {"messages": HISTORY, "tools": [WEATHER], "max_tokens": 8}
@@ -207,9 +198,9 @@ def test_tool_call_history_is_rendered(setup: tuple[Cluster, RouterHandle, Any])
     ],
 )
 def test_bad_tool_history_is_a_400(
-    setup: tuple[Cluster, RouterHandle, Any], message: dict[str, Any], param: str
+    router_setup: tuple[Cluster, RouterHandle, Any], message: dict[str, Any], param: str
 ) -> None:
-    cluster, router, tokenizer = setup
+    cluster, router, tokenizer = router_setup
     play(cluster, tokenizer, "x")
     with router.http() as http:
         body = {"messages": [*CHAT, message], "max_tokens": 4}
@@ -218,9 +209,9 @@ def test_bad_tool_history_is_a_400(
 
 
 def test_without_a_tool_template_auto_is_a_400(
-    bg_loop: BackgroundLoop, setup: tuple[Cluster, RouterHandle, Any]
+    bg_loop: BackgroundLoop, router_setup: tuple[Cluster, RouterHandle, Any]
 ) -> None:
-    cluster, _, tokenizer = setup
+    cluster, _, tokenizer = router_setup
     router = cluster.router(tool_chat_template="none")
     play(cluster, tokenizer, " plain")
     with router.http() as http:
