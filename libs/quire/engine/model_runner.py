@@ -24,7 +24,7 @@ from quire.engine.prompt_logprobs import (
 from quire.engine.sampler import SampleRow, sample
 from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
-from quire.engine.structured import StructuredOutputs
+from quire.engine.structured import GrammarRow, MaskJob, StructuredOutputs
 from quire.model.attention import AttentionMetadata
 from quire.model.config import ModelConfig
 from quire.model.llama import KVCache, LlamaModel
@@ -93,9 +93,16 @@ class ModelRunner:
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step's tokens through the model and sample every due output."""
         started = time.perf_counter()
-        logits, prompt_logprobs = self.compute_logits(step)
+        draws = _Draws.of([s for s in step.scheduled if s.samples])
+        # Grammar masks are filled on their own thread while the forward pass runs.
+        job = self.structured.start_masks(draws.grammar_rows()) if self.structured else None
+        try:
+            logits, prompt_logprobs = self.compute_logits(step)
+        except BaseException:
+            StructuredOutputs.finish(job)
+            raise
         forwarded = time.perf_counter()
-        sampled = _sample(logits, [s for s in step.scheduled if s.samples], self.structured)
+        sampled = _sample(logits, draws, self.structured, job)
         return ModelRunnerOutput(
             sampled, forwarded - started, time.perf_counter() - forwarded, prompt_logprobs
         )
@@ -183,45 +190,58 @@ def _prompt_logprobs(
     return chunks
 
 
-def _sample(
-    logits: torch.Tensor, due: list[ScheduledSeq], structured: StructuredOutputs | None
-) -> list[SampledToken]:
-    """One draw per (sequence, output index); an n>1 fork draws n times from one row.
+@dataclass(frozen=True, slots=True)
+class _Draws:
+    """The step's draws: one per (sequence, output index); an n>1 fork draws n times from
+    its one logits row."""
 
-    Constrained rows are masked by their grammars first (one bitmask for the step) and each
-    drawn token is fed back to its output's matcher.
-    """
-    rows: list[SampleRow] = []
-    targets: list[tuple[Sequence, int]] = []
-    row_index: list[int] = []
-    for row, s in enumerate(due):
-        seq, request = s.seq, s.seq.request
-        for index in s.sample_indices:
-            rows.append(
-                SampleRow(
-                    request.params,
-                    seq.token_ids,
-                    len(request.prompt_token_ids),
-                    request.generators[index],
+    rows: list[SampleRow]
+    targets: list[tuple[Sequence, int]]
+    row_index: list[int]  # the logits row of each draw
+
+    @classmethod
+    def of(cls, due: list[ScheduledSeq]) -> _Draws:
+        draws = cls([], [], [])
+        for row, s in enumerate(due):
+            seq, request = s.seq, s.seq.request
+            for index in s.sample_indices:
+                draws.rows.append(
+                    SampleRow(
+                        request.params,
+                        seq.token_ids,
+                        len(request.prompt_token_ids),
+                        request.generators[index],
+                    )
                 )
-            )
-            targets.append((seq, index))
-            row_index.append(row)
-    if not rows:
+                draws.targets.append((seq, index))
+                draws.row_index.append(row)
+        return draws
+
+    def grammar_rows(self) -> list[GrammarRow]:
+        return [(seq.request, index, seq.output_token_ids) for seq, index in self.targets]
+
+
+def _sample(
+    logits: torch.Tensor,
+    draws: _Draws,
+    structured: StructuredOutputs | None,
+    job: MaskJob | None,
+) -> list[SampledToken]:
+    """Sample every draw; constrained rows are masked by `job` (their grammars' bitmask for
+    the step) first and each drawn token is fed back to its output's matcher."""
+    if not draws.rows:
+        StructuredOutputs.finish(job)
         return []
-    if row_index != list(range(len(due))):
-        logits = logits[torch.tensor(row_index, device=logits.device)]
-    num_masked = 0
-    if structured is not None:
-        grammar_rows = [(seq.request, index, seq.output_token_ids) for seq, index in targets]
-        num_masked = structured.mask_logits(logits, grammar_rows)
-    results = sample(logits, rows)
-    ends = [False] * len(targets)
+    if draws.row_index != list(range(logits.shape[0])):
+        logits = logits[torch.tensor(draws.row_index, device=logits.device)]
+    num_masked = structured.apply_masks(logits, job) if structured is not None else 0
+    results = sample(logits, draws.rows)
+    ends = [False] * len(draws.targets)
     if num_masked:
-        for k, ((seq, index), r) in enumerate(zip(targets, results, strict=True)):
+        for k, ((seq, index), r) in enumerate(zip(draws.targets, results, strict=True)):
             if seq.request.params.structured is not None:
                 ends[k] = structured.accept(seq.request, index, r.token_id)  # type: ignore[union-attr]
     return [
         SampledToken(seq, index, r.token_id, r.logprob, r.top_logprobs, end)
-        for (seq, index), r, end in zip(targets, results, ends, strict=True)
+        for (seq, index), r, end in zip(draws.targets, results, ends, strict=True)
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -177,6 +178,29 @@ def test_unconstrained_rows_are_untouched_in_a_mixed_batch(llm: LLM) -> None:
     before = masks.num_masked_rows
     llm.generate(["Plain again", "And again"], plain, use_tqdm=False)
     assert masks.num_masked_rows == before
+
+
+def test_masks_are_filled_on_the_grammar_thread(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    masks = llm.engine.structured_outputs()
+    threads: list[str] = []
+    fill = masks._fill
+
+    def spy(*args: object) -> object:
+        threads.append(threading.current_thread().name)
+        return fill(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(masks, "_fill", spy)
+    fill_before = masks.fill_seconds
+    params = SamplingParams(
+        temperature=0, max_tokens=60, structured=StructuredOutputParams(json=PERSON)
+    )
+    out = llm.generate(["Describe:"], params, use_tqdm=False)[0].outputs[0]
+    jsonschema.validate(json.loads(out.text), PERSON)
+    # one fill per decoded token, each off the calling thread
+    assert len(threads) == len(out.token_ids)
+    assert all(name.startswith("quire-grammar") for name in threads)
+    assert threading.current_thread().name not in threads
+    assert masks.fill_seconds > fill_before
 
 
 def test_constrained_sampling_survives_preemption(tiny_model: Path) -> None:
