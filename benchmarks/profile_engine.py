@@ -11,7 +11,7 @@ output length) through `LLM.engine` after a warm-up, and reports:
 - with `--memory-manager grpc`, the blocks come from a real memory manager in a child
   process on a local socket (the executor's RemoteBlockAllocator), so allocator_s is the
   Step round trip; `full_steps` then gives its share of the step time over the steps that
-  ran at least 15/16 of --max-num-seqs sequences;
+  ran at least 15/16 of --max-num-seqs sequences, and `by_running` per quarter of it;
 - with `--torch-profile`, torch.profiler's operators by self CPU time over the same run
   (the profiler adds overhead: its shares, not its absolute times, are the figures).
 
@@ -78,6 +78,7 @@ def run(
         "num_decode_tokens": sum(s.num_decode_tokens for s in steps),
         "num_prefill_tokens": sum(s.num_prefill_tokens for s in steps),
         "full_steps": full_steps(steps, full_batch),
+        "by_running": by_running(steps, full_batch),
     }
 
 
@@ -95,6 +96,31 @@ def full_steps(steps: list[StepStats], full_batch: int) -> dict[str, Any] | None
         "mean_allocator_ms": 1000 * sum(s.allocator_s for s in full) / len(full),
         "allocator_share": sum(s.allocator_s for s in full) / step_s,
     }
+
+
+def by_running(steps: list[StepStats], full_batch: int, bins: int = 4) -> list[dict[str, Any]]:
+    """The allocator call's share of the step time per quarter of the batch size: steps that
+    ran (0, B/4], (B/4, B/2], ... sequences."""
+    if not full_batch:
+        return []
+    rows = []
+    for k in range(bins):
+        lo, hi = full_batch * k // bins, full_batch * (k + 1) // bins
+        group = [s for s in steps if lo < s.num_running <= hi]
+        if not group:
+            continue
+        step_s = sum(s.total_s for s in group)
+        rows.append(
+            {
+                "running": [lo + 1, hi],
+                "num_steps": len(group),
+                "mean_running": sum(s.num_running for s in group) / len(group),
+                "mean_step_ms": 1000 * step_s / len(group),
+                "mean_allocator_ms": 1000 * sum(s.allocator_s for s in group) / len(group),
+                "allocator_share": sum(s.allocator_s for s in group) / step_s,
+            }
+        )
+    return rows
 
 
 def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
@@ -224,6 +250,13 @@ def print_report(result: dict[str, Any]) -> None:
             f"  {full['num_steps']} steps with >= {full['min_running']} running "
             f"(mean {full['mean_running']:.0f}): step {full['mean_step_ms']:.1f} ms, "
             f"allocator {full['mean_allocator_ms']:.2f} ms = {full['allocator_share']:.2%}"
+        )
+    for row in r.get("by_running", []):
+        lo, hi = row["running"]
+        print(
+            f"  {row['num_steps']:4d} steps with {lo}-{hi} running (mean "
+            f"{row['mean_running']:.0f}): step {row['mean_step_ms']:.1f} ms, allocator "
+            f"{row['mean_allocator_ms']:.2f} ms = {row['allocator_share']:.2%}"
         )
     for op in result.get("top_ops", []):
         print(f"  {op['share']:6.1%}  {op['self_cpu_ms']:9.1f} ms  {op['calls']:7d}  {op['op']}")
