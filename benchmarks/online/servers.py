@@ -25,12 +25,13 @@ def served_model(base_url: str) -> str:
 
 @contextlib.contextmanager
 def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
-    """Quire's stack (Redis, memory manager, executors, router) on free ports."""
+    """Quire's stack (Redis, memory manager, executors, router) on free ports; the rest of
+    its settings from QUIRE_STACK_* (`StackConfig.from_env`)."""
     from services.stack.runner import Stack
     from services.stack.spec import StackConfig
 
     ports = stack_ports(num_executors)
-    config = StackConfig(
+    config = StackConfig.from_env(
         model=str(model_dir),
         **ports,
         num_executors=num_executors,
