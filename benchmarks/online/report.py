@@ -66,7 +66,7 @@ def report(results: dict[str, Any], out: Path) -> None:
             print(f"{name}: vLLM's client {client['status']}: {client.get('reason', '')[:300]}")
 
     def shown(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.2f}"
+        return "n/a" if value is None else f"{value:.3f}"
 
     for peer, r in results.get("ratios", {}).items():
         print(

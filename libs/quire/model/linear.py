@@ -25,20 +25,38 @@ Backends (`QUIRE_LINEAR_BACKEND`, chosen once at load):
   (reordered for oneDNN) and used there; the float32 copy costs twice those weights' size in
   memory. The LM head has its own rule (`head_backend`).
 
-`auto` (the default): float32 -> torch; bfloat16 on a CPU with AMX -> onednn, on any other CPU
--> widened; float16 on the CPU -> widened; anything on CUDA -> torch (`F.linear`). The LM head
-runs on oneDNN on the CPU in float32 and bfloat16 (`head_backend`).
+`auto` (the default) on the CPU is measured, not assumed: given the model's linear shapes
+(`LayerShapes`), `tuned_backend` times each candidate backend of the dtype on those shapes
+at `TUNE_ROWS` rows once per process, interleaved and best of `TUNE_REPEATS`, and takes the
+fastest. Which one wins is the CPU's business: on an Intel Xeon without AMX, widened bfloat16
+beat oneDNN's by 1.07-1.48x from 32 rows; on an AMD EPYC (Zen 4), whose AVX512_BF16 dot
+products run at twice its float32 FMA rate, oneDNN's bfloat16 was 3-5x faster than widened
+there, and oneDNN's float32 1.4-3.2x faster than torch's (`python -m
+benchmarks.linear_layouts`). Without shapes the rule is fixed: float32 -> torch; bfloat16 on
+a CPU with AMX -> onednn, else widened; float16 -> widened. Anything on CUDA -> torch
+(`F.linear`). The LM head runs on oneDNN on the CPU in float32 and bfloat16 (`head_backend`).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 
 import torch
 import torch.nn.functional as F
 
 BACKENDS = ("auto", "onednn", "torch", "widened")
 MIN_WIDENED_ROWS = 32  # fewer rows than this: a widened layer multiplies its narrow weight
+# `tuned_backend`: batch sizes timed (a decode batch and a prefill-sized one, both at or above
+# MIN_WIDENED_ROWS so the widened backend is timed on its own product) and repeats.
+TUNE_ROWS = (32, 128)
+TUNE_REPEATS = 5
+# (out_features, in_features) of one decoder layer's linears, e.g. qkv, o, gate_up, down.
+LayerShapes = tuple[tuple[int, int], ...]
+# What `tuned_backend` measured: (dtype, shapes) -> backend -> seconds for one pass of the
+# shapes at each of TUNE_ROWS (the best of TUNE_REPEATS).
+TUNINGS: dict[tuple[torch.dtype, LayerShapes], dict[str, float]] = {}
 
 
 def _onednn_available() -> bool:
@@ -52,8 +70,14 @@ def has_amx() -> bool:
     return bool(is_amx and is_amx())
 
 
-def linear_backend(dtype: torch.dtype, device: torch.device, backend: str | None = None) -> str:
-    """The backend (`onednn`, `torch` or `widened`) linears of this dtype and device run on."""
+def linear_backend(
+    dtype: torch.dtype,
+    device: torch.device,
+    backend: str | None = None,
+    shapes: LayerShapes | None = None,
+) -> str:
+    """The backend (`onednn`, `torch` or `widened`) linears of this dtype and device run on;
+    `auto` with the model's `shapes` on the CPU: the fastest measured (`tuned_backend`)."""
     backend = backend or os.environ.get("QUIRE_LINEAR_BACKEND", "auto")
     if backend not in BACKENDS:
         raise ValueError(
@@ -72,11 +96,47 @@ def linear_backend(dtype: torch.dtype, device: torch.device, backend: str | None
         return "onednn"
     if backend == "widened":
         return "widened" if narrow else "torch"
-    if backend == "torch" or not narrow:
+    if backend == "torch":
+        return "torch"
+    if shapes and dtype in _CANDIDATES:
+        return tuned_backend(dtype, shapes)
+    if not narrow:
         return "torch"
     if dtype == torch.bfloat16 and has_amx() and _onednn_available():
         return "onednn"
     return "widened"
+
+
+_CANDIDATES: dict[torch.dtype, tuple[str, ...]] = {
+    torch.float32: ("torch", "onednn"),
+    torch.bfloat16: ("onednn", "widened", "torch"),
+    torch.float16: ("widened", "torch"),
+}
+
+
+@functools.cache
+def tuned_backend(dtype: torch.dtype, shapes: LayerShapes) -> str:
+    """The CPU backend that runs linears of these shapes fastest in this dtype, measured once
+    per process on random weights (all candidates interleaved, best of TUNE_REPEATS, summed
+    over TUNE_ROWS); the times go to TUNINGS."""
+    candidates = [b for b in _CANDIDATES[dtype] if b != "onednn" or _onednn_available()]
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(o, i, generator=gen) * 0.02).to(dtype) for o, i in shapes]
+    inputs = {m: [torch.randn(m, i, generator=gen).to(dtype) for _, i in shapes] for m in TUNE_ROWS}
+    layers = {b: [Linear(w, None, b) for w in weights] for b in candidates}
+    best = {(b, m): float("inf") for b in candidates for m in TUNE_ROWS}
+    with torch.inference_mode():
+        for repeat in range(TUNE_REPEATS + 1):  # the first pass warms up, untimed
+            for b in candidates:
+                for m in TUNE_ROWS:
+                    started = time.perf_counter()
+                    for layer, x in zip(layers[b], inputs[m], strict=True):
+                        layer(x)
+                    if repeat:
+                        best[b, m] = min(best[b, m], time.perf_counter() - started)
+    seconds = {b: sum(best[b, m] for m in TUNE_ROWS) for b in candidates}
+    TUNINGS[dtype, shapes] = seconds
+    return min(candidates, key=seconds.__getitem__)
 
 
 def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None = None) -> str:

@@ -38,7 +38,15 @@ class LlamaModel:
         self.device = device
         take = _Taker(state)
         self.embed = take("model.embed_tokens.weight")
-        self.linear_backend = linear_backend(self.embed.dtype, device)
+        c = config
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        shapes = (  # one decoder layer's qkv, o, gate_up, down: what `auto` is timed on
+            (q + 2 * kv, c.hidden_size),
+            (c.hidden_size, q),
+            (2 * c.intermediate_size, c.hidden_size),
+            (c.hidden_size, c.intermediate_size),
+        )
+        self.linear_backend = linear_backend(self.embed.dtype, device, shapes=shapes)
         self.layers = [self._layer(take, i) for i in range(config.num_layers)]
         self.norm = take("model.norm.weight")
         if config.tie_word_embeddings:

@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from quire.model.linear import (
+    BACKENDS,
     MIN_WIDENED_ROWS,
+    TUNINGS,
     Linear,
     has_amx,
     head_backend,
@@ -36,8 +38,23 @@ def test_onednn_bfloat16_linear_equals_f_linear_bit_for_bit(rows: int, with_bias
     assert torch.equal(packed(wide[:, :80]), F.linear(wide[:, :80], weight, bias))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_auto_with_shapes_takes_the_fastest_measured_backend(dtype: torch.dtype) -> None:
+    shapes = ((96, 64), (64, 48), (128, 64))
+    chosen = linear_backend(dtype, CPU, "auto", shapes=shapes)
+    timings = TUNINGS[dtype, shapes]
+    assert chosen == min(timings, key=timings.__getitem__)
+    assert len(timings) >= 2 and set(timings) <= set(BACKENDS[1:])
+    assert all(seconds > 0 for seconds in timings.values())
+    # measured once per process; a backend named outright is never measured
+    assert linear_backend(dtype, CPU, "auto", shapes=shapes) == chosen
+    assert linear_backend(dtype, CPU, "torch", shapes=shapes) == "torch"
+    assert linear_backend(dtype, torch.device("cuda"), "auto", shapes=shapes) == "torch"
+
+
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert linear_backend(torch.float32, CPU, "auto") == "torch"  # the oracle stays plain
+    # without the model's shapes, the fixed rule
+    assert linear_backend(torch.float32, CPU, "auto") == "torch"
     assert linear_backend(torch.float32, CPU, "widened") == "torch"  # nothing to widen
     assert linear_backend(torch.bfloat16, CPU, "torch") == "torch"
     assert linear_backend(torch.float16, CPU, "auto") == "widened"
