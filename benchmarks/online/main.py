@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.signals import exit_on_sigterm
 from benchmarks.common.stats import finite_or_none, length_summary
 from benchmarks.common.workload import LENGTH_SIGMA
 from benchmarks.online.cli import parse_args
@@ -102,6 +103,7 @@ def rescore(path: Path, slo_ttft_ms: float, slo_tpot_ms: float, out: Path) -> di
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run every system (or --rescore a finished run); write serving.json and serving.png."""
     args = parse_args(argv)
+    exit_on_sigterm()
     if args.rescore:
         return rescore(Path(args.rescore), args.slo_ttft_ms, args.slo_tpot_ms, Path(args.out))
     model_dir = Path(args.model)

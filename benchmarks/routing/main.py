@@ -21,6 +21,7 @@ import httpx
 import numpy as np
 
 from benchmarks.common.report import write_json
+from benchmarks.common.signals import exit_on_sigterm
 from benchmarks.routing import client, workloads
 from benchmarks.routing.oracle import oracle_hit_rate
 from benchmarks.routing.plot import plot
@@ -164,6 +165,7 @@ def progress(name: str, policy: str, r: dict[str, Any], oracle: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    exit_on_sigterm()
     from transformers import AutoTokenizer
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
