@@ -49,9 +49,12 @@ def report(results: dict[str, Any], out: Path) -> None:
         if system.get("status") == "ok":
             s = system["sustainable"]
             bound = ">= " if s["censored"] else ""
+            rate = f"{bound}{s['rate']:.2f}"
+            if s.get("below_rate"):  # over the SLOs already at the lowest tested rate
+                rate = f"< {s['below_rate']:.2f}"
             print(
                 f"{name}: sustainable rate (SLO load = max(TTFT p99 / {slo['ttft_ms']:g} ms, "
-                f"TPOT p99 / {slo['tpot_ms']:g} ms) <= 1) {bound}{s['rate']:.2f} req/s; "
+                f"TPOT p99 / {slo['tpot_ms']:g} ms) <= 1) {rate} req/s; "
                 f"highest tested rate under it {s['max_rate_under_slo']:g}"
             )
     for name, system in results["systems"].items():

@@ -98,8 +98,13 @@ def sustainable_rate(
     max_under = 0.0
     for i, run in enumerate(runs):
         if load(run) > 1.0:
-            if i == 0:
-                return {"rate": 0.0, "censored": False, "max_rate_under_slo": 0.0}
+            if i == 0:  # over already at the lowest rate: the sustainable one is below it
+                return {
+                    "rate": 0.0,
+                    "censored": False,
+                    "max_rate_under_slo": 0.0,
+                    "below_rate": run["request_rate"],
+                }
             prev = runs[i - 1]
             lo, hi = load(prev), load(run)
             frac = 1.0 if math.isinf(hi) else (1.0 - lo) / (hi - lo)
@@ -133,6 +138,12 @@ def compare(
                     "not a measurement: both systems' SLO load stayed <= 1 at every tested "
                     "rate; raise --rates"
                 )
+        elif qs["rate"] > 0 and bs.get("below_rate"):
+            rate_ratio = qs["rate"] / bs["below_rate"]
+            ratio_note = (
+                "lower bound: the baseline's SLO load is over 1 already at the lowest tested "
+                f"rate ({bs['below_rate']:g} req/s), so its sustainable rate is below that"
+            )
         else:
             ratio_note = (
                 "undefined: the baseline's SLO load is over 1 at the lowest tested rate; "

@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from benchmarks.online.client import Result
-from benchmarks.online.scoring import cache_hit_rate, slo_load, summarize, sustainable_rate
+from benchmarks.online.scoring import (
+    cache_hit_rate,
+    compare,
+    slo_load,
+    summarize,
+    sustainable_rate,
+)
 
 SLO_TTFT_MS, SLO_TPOT_MS = 2000.0, 300.0
 
@@ -54,7 +60,7 @@ def test_sustainable_rate_interpolates_between_ttft_and_tpot_loads() -> None:
 
 def test_sustainable_rate_is_zero_when_the_lowest_rate_fails() -> None:
     s = sustainable([run(0.5, 100, 310), run(1, 100, 400)])
-    assert s == {"rate": 0.0, "censored": False, "max_rate_under_slo": 0.0}
+    assert s == {"rate": 0.0, "censored": False, "max_rate_under_slo": 0.0, "below_rate": 0.5}
 
 
 def test_sustainable_rate_is_censored_when_never_over() -> None:
@@ -86,3 +92,27 @@ def test_summarize_stores_slo_load() -> None:
     failed = Result(error="HTTP 503")
     summary = summarize([ok, failed], 3.0, 1.0, SLO_TTFT_MS, SLO_TPOT_MS)
     assert summary["slo_load"] is None  # infinite; JSON has no infinity
+
+
+def system(rate: float, censored: bool, **extra: Any) -> dict[str, Any]:
+    return {"status": "ok", "sustainable": {"rate": rate, "censored": censored, **extra}}
+
+
+def test_rate_ratio_is_exact_when_both_cross() -> None:
+    ratio, note = compare({"quire": system(3.0, False), "vllm": system(2.0, False)}, "vllm")
+    assert (ratio, note) == (1.5, "exact")
+
+
+def test_a_baseline_over_the_slos_at_every_rate_bounds_the_ratio_from_below() -> None:
+    runs = [run(3, 1000, 900), run(4, 1000, 1000)]  # TPOT over at both rates
+    assert sustainable(runs)["below_rate"] == 3
+    systems = {"quire": system(4.0, True), "vllm": system(0.0, False, below_rate=3.0)}
+    ratio, note = compare(systems, "vllm")
+    assert ratio is not None and math.isclose(ratio, 4 / 3)
+    assert note.startswith("lower bound") and "(3 req/s)" in note
+
+
+def test_rate_ratio_is_undefined_when_both_are_over_at_the_lowest_rate() -> None:
+    over = system(0.0, False, below_rate=1.0)
+    ratio, note = compare({"quire": over, "vllm": over}, "vllm")
+    assert ratio is None and note.startswith("undefined")
