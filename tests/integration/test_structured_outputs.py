@@ -3,6 +3,7 @@ real stack serving the default model (SmolLM2-135M-Instruct), one executor."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 from services.router.prompts import load_tokenizer
 from services.stack.ports import free_port, stack_ports
 from services.stack.runner import Stack
-from services.stack.spec import StackConfig
+from services.stack.spec import StackConfig, stack_processes
 from tests.integration.conftest import REPO, wait_for_executors
 
 MODEL = "smollm2-135m-instruct"
@@ -406,24 +407,9 @@ def test_tool_call_history_is_answered(client: openai.OpenAI, stream: bool) -> N
 def plain_router(smol_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second router over the same executors, with tool_chat_template=none."""
     port = free_port()
-    c = smol_stack.config
-    argv = [
-        sys.executable,
-        "-m",
-        "services.router",
-        "--port",
-        str(port),
-        "--model",
-        c.model,
-        "--redis-url",
-        c.redis_url,
-        "--redis-prefix",
-        c.redis_prefix,
-        "--memory-manager",
-        "",
-        "--tool-chat-template",
-        "none",
-    ]
+    config = dataclasses.replace(smol_stack.config, router_port=port)
+    (router,) = [p for p in stack_processes(config) if p.name == "router"]
+    argv = [*router.argv, "--tool-chat-template", "none"]
     log = (tmp_path_factory.mktemp("plain-router") / "router.log").open("w")
     proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
