@@ -134,6 +134,7 @@ struct Scratch {
   std::vector<float> row_max, row_sum;  // [rows]
   std::vector<float> scores;  // [rows, block_size]: one block's scores, then its weights
   std::vector<float> keys, values;  // [block_size, head_dim] (keys maybe [head_dim, block_size])
+  std::vector<float> context_scores;  // decode: [rows, padded context], grown on demand
 
   Scratch(int max_rows, int head_dim, int block_size)
       : query(static_cast<size_t>(max_rows) * head_dim),
@@ -241,7 +242,8 @@ void score_block(const float* q, int num_rows, const float* keys, int64_t key_st
 // Keys past num_keys are never read; their scores are 0 (softmax_weights masks them).
 template <typename scalar_t, int kHeadDim>
 void score_block16_avx512(const float* q, int num_rows, const scalar_t* keys,
-                          int64_t key_stride, int num_keys, float* scores) {
+                          int64_t key_stride, int num_keys, float* scores,
+                          int64_t score_stride) {
   static_assert(kHeadDim % 16 == 0, "head_dim must be a multiple of 16");
   constexpr int kChunks = kHeadDim / 16;
   // Slots past num_keys re-read the last valid key instead (never an unwritten slot): their
@@ -260,7 +262,7 @@ void score_block16_avx512(const float* q, int num_rows, const scalar_t* keys,
         acc[t] = _mm512_fmadd_ps(qc, load16(key_rows[t] + 16 * c), acc[t]);
       }
     }
-    _mm512_storeu_ps(scores + row * 16, sum_lanes16(acc));
+    _mm512_storeu_ps(scores + row * score_stride, sum_lanes16(acc));
   }
 }
 
@@ -279,7 +281,8 @@ __attribute__((target("avx512bf16"))) void score_block16_bf16(const c10::BFloat1
                                                               int num_rows,
                                                               const c10::BFloat16* keys,
                                                               int64_t key_stride, int num_keys,
-                                                              float scale, float* scores) {
+                                                              float scale, float* scores,
+                                                              int64_t score_stride) {
   static_assert(kHeadDim % 32 == 0, "head_dim must be a multiple of 32");
   constexpr int kChunks = kHeadDim / 32;
   const c10::BFloat16* key_rows[16];
@@ -299,7 +302,7 @@ __attribute__((target("avx512bf16"))) void score_block16_bf16(const c10::BFloat1
         acc[t] = _mm512_dpbf16_ps(acc[t], q_chunks[c], reinterpret_cast<__m512bh>(k));
       }
     }
-    _mm512_storeu_ps(scores + row * 16, _mm512_mul_ps(scale_v, sum_lanes16(acc)));
+    _mm512_storeu_ps(scores + row * score_stride, _mm512_mul_ps(scale_v, sum_lanes16(acc)));
   }
 }
 
@@ -443,8 +446,9 @@ template <int kHeadDim>
   }
 }
 
-// Prefetches num_rows rows of head_dim values, slot_stride apart, from both caches.
-template <typename scalar_t>
+// Prefetches num_rows rows of head_dim values, slot_stride apart, from both caches, with
+// __builtin_prefetch's locality (3: into L1, 2: into L2).
+template <typename scalar_t, int kLocality = 3>
 [[gnu::always_inline]] inline void prefetch_rows(const scalar_t* key_cache,
                                                  const scalar_t* value_cache, int64_t offset,
                                                  int64_t slot_stride, int num_rows,
@@ -452,8 +456,8 @@ template <typename scalar_t>
   constexpr int kLine = 64 / sizeof(scalar_t);  // values per cache line
   for (int t = 0; t < num_rows; ++t) {
     for (int d = 0; d < head_dim; d += kLine) {
-      __builtin_prefetch(key_cache + offset + t * slot_stride + d);
-      __builtin_prefetch(value_cache + offset + t * slot_stride + d);
+      __builtin_prefetch(key_cache + offset + t * slot_stride + d, 0, kLocality);
+      __builtin_prefetch(value_cache + offset + t * slot_stride + d, 0, kLocality);
     }
   }
 }
@@ -472,6 +476,198 @@ template <int kHeadDim, bool kVector>
   accumulate_values<kHeadDim>(acc, rescale, weights, values, value_stride, num_values, head_dim);
 }
 
+#if defined(__AVX512F__)
+// exp_nonpositive on 16 lanes.
+[[gnu::always_inline]] inline __m512 exp16_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 poly = _mm512_set1_ps(1.9875691500e-4f);
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
+  poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
+  poly = _mm512_fmadd_ps(_mm512_mul_ps(poly, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(poly, _mm512_castsi512_ps(bits));
+}
+
+// Turns scores[0 .. num_keys) into exp(score - max) in place and returns their sum.
+inline float softmax_in_place16(float* scores, int num_keys) {
+  const int num_chunks = (num_keys + 15) / 16;
+  const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - 16 * (num_chunks - 1))) - 1u);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 max_v = neg_inf;
+  for (int c = 0; c < num_chunks; ++c) {
+    const __mmask16 m = c + 1 < num_chunks ? static_cast<__mmask16>(0xFFFF) : tail;
+    max_v = _mm512_max_ps(max_v, _mm512_mask_loadu_ps(neg_inf, m, scores + 16 * c));
+  }
+  const __m512 max_all = _mm512_set1_ps(_mm512_reduce_max_ps(max_v));
+  __m512 sum_v = _mm512_setzero_ps();
+  for (int c = 0; c < num_chunks; ++c) {
+    const __mmask16 m = c + 1 < num_chunks ? static_cast<__mmask16>(0xFFFF) : tail;
+    const __m512 w = _mm512_maskz_mov_ps(
+        m, exp16_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(scores + 16 * c), max_all)));
+    _mm512_storeu_ps(scores + 16 * c, w);  // the padding past num_keys gets 0
+    sum_v = _mm512_add_ps(sum_v, w);
+  }
+  return _mm512_reduce_add_ps(sum_v);
+}
+
+// acc[r][c] += sum over the context's values t of weights[r * weight_stride + t] * value[t]'s
+// chunk first_chunk + c (16 channels each), for kRows rows and kChunks chunks: kRows x kChunks
+// independent FMA chains, each value chunk loaded (and widened) once for all rows.
+template <typename scalar_t, int kRows, int kChunks>
+[[gnu::always_inline]] inline void accumulate_context16(const Problem<scalar_t>& p,
+                                                        const int32_t* table, int64_t head_offset,
+                                                        int num_keys, const float* weights,
+                                                        int64_t weight_stride, int first_chunk,
+                                                        float* acc_out, int64_t acc_stride) {
+  __m512 acc[kRows][kChunks];
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kChunks; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int block_start = 0, b = 0; block_start < num_keys; block_start += 16, ++b) {
+    const int num_valid = std::min(16, num_keys - block_start);
+    const scalar_t* values =
+        p.value_cache + table[b] * p.cache_block_stride + head_offset + 16 * first_chunk;
+    if (block_start + 16 < num_keys) {
+      const scalar_t* next = p.value_cache + table[b + 1] * p.cache_block_stride + head_offset +
+                             16 * first_chunk;
+      for (int t = 0; t < 16; ++t) __builtin_prefetch(next + t * p.cache_slot_stride);
+    }
+    for (int t = 0; t < num_valid; ++t) {
+      const scalar_t* v = values + t * p.cache_slot_stride;
+      __m512 chunk[kChunks];
+      for (int c = 0; c < kChunks; ++c) chunk[c] = load16(v + 16 * c);
+      for (int r = 0; r < kRows; ++r) {
+        const __m512 w = _mm512_set1_ps(weights[r * weight_stride + block_start + t]);
+        for (int c = 0; c < kChunks; ++c) acc[r][c] = _mm512_fmadd_ps(w, chunk[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kChunks; ++c) {
+      _mm512_storeu_ps(acc_out + r * acc_stride + 16 * (first_chunk + c), acc[r][c]);
+    }
+  }
+}
+
+// accumulate_context16 for num_rows <= 4 rows, dispatched to a compile-time row count.
+template <typename scalar_t, int kChunks>
+void accumulate_context16_rows(int num_rows, const Problem<scalar_t>& p, const int32_t* table,
+                               int64_t head_offset, int num_keys, const float* weights,
+                               int64_t weight_stride, int first_chunk, float* acc_out,
+                               int64_t acc_stride) {
+  switch (num_rows) {
+    case 1:
+      return accumulate_context16<scalar_t, 1, kChunks>(p, table, head_offset, num_keys, weights,
+                                                        weight_stride, first_chunk, acc_out,
+                                                        acc_stride);
+    case 2:
+      return accumulate_context16<scalar_t, 2, kChunks>(p, table, head_offset, num_keys, weights,
+                                                        weight_stride, first_chunk, acc_out,
+                                                        acc_stride);
+    case 3:
+      return accumulate_context16<scalar_t, 3, kChunks>(p, table, head_offset, num_keys, weights,
+                                                        weight_stride, first_chunk, acc_out,
+                                                        acc_stride);
+    default:
+      return accumulate_context16<scalar_t, 4, kChunks>(p, table, head_offset, num_keys, weights,
+                                                        weight_stride, first_chunk, acc_out,
+                                                        acc_stride);
+  }
+}
+
+// A one-token tile (decode) with 16-slot blocks, in AVX-512 and two passes over the context
+// instead of attend_tile's online softmax: (1) every row's scores against every key, block by
+// block, into one [rows, context] buffer; (2) one softmax per row over the whole context;
+// (3) the weighted values, each value row loaded once for up to four query rows. A row's
+// softmax is done once rather than rescaled at every block, and values are widened in
+// registers rather than copied. Reads the same slots as attend_tile: none past the context.
+// How many blocks ahead decode_tile16_avx512 prefetches. The rows go to L2, not L1: a tile
+// reads the blocks it is told in no order a hardware prefetcher can follow, and L1 can track
+// too few misses at once to hide memory latency (measured on an AMD EPYC with 30 layers'
+// caches cycled: ~0.5 against ~0.8 ms per call for 16 sequences of up to 800 tokens).
+constexpr int kPrefetchBlocks = 2;
+
+template <typename scalar_t, int kHeadDim>
+void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
+  static_assert(kHeadDim % 16 == 0, "head_dim must be a multiple of 16");
+  constexpr int kChunks = kHeadDim / 16;
+  constexpr bool kBf16Dot = std::is_same_v<scalar_t, c10::BFloat16> && kHeadDim % 32 == 0;
+  const int group = p.group_size;
+  const int num_keys = tile.first_pos + 1;
+  const int num_blocks = (num_keys + 15) / 16;
+  const int64_t padded = static_cast<int64_t>(num_blocks) * 16;
+  if (s.context_scores.size() < static_cast<size_t>(group * padded)) {
+    s.context_scores.resize(static_cast<size_t>(group * padded));
+  }
+  float* scores = s.context_scores.data();  // [group, padded]
+
+  for (int g = 0; g < group; ++g) {
+    const scalar_t* q = p.query + tile.first_token * p.query_token_stride +
+                        static_cast<int64_t>(tile.kv_head * group + g) * p.query_head_stride;
+    float* row = s.query.data() + static_cast<int64_t>(g) * kHeadDim;
+    for (int d = 0; d < kHeadDim; ++d) row[d] = p.scale * to_float(q[d]);
+    if constexpr (kBf16Dot) {
+      std::copy_n(q, kHeadDim, s.query_bf16.data() + static_cast<int64_t>(g) * kHeadDim);
+    }
+  }
+  const bool bf16_dot = kBf16Dot && cpu_has_avx512_bf16();
+  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
+  const int64_t head_offset = tile.kv_head * p.cache_head_stride;
+
+  // 1. scores, keys read in place
+  for (int block_start = 0, b = 0; block_start < num_keys; block_start += 16, ++b) {
+    const int num_valid = std::min(16, num_keys - block_start);
+    const scalar_t* keys = p.key_cache + table[b] * p.cache_block_stride + head_offset;
+    if (b + kPrefetchBlocks < num_blocks) {
+      // a later block's keys, and its values for pass 3, into L2
+      const int first = (b + kPrefetchBlocks) * 16;
+      prefetch_rows<scalar_t, 2>(p.key_cache, p.value_cache,
+                                 table[b + kPrefetchBlocks] * p.cache_block_stride + head_offset,
+                                 p.cache_slot_stride, std::min(16, num_keys - first), kHeadDim);
+    }
+    if constexpr (kBf16Dot) {
+      if (bf16_dot) {
+        score_block16_bf16<kHeadDim>(s.query_bf16.data(), group, keys, p.cache_slot_stride,
+                                     num_valid, p.scale, scores + block_start, padded);
+        continue;
+      }
+    }
+    score_block16_avx512<scalar_t, kHeadDim>(s.query.data(), group, keys, p.cache_slot_stride,
+                                             num_valid, scores + block_start, padded);
+  }
+
+  // 2. softmax weights, unnormalized; each row's sum kept for the end
+  for (int g = 0; g < group; ++g) s.row_sum[g] = softmax_in_place16(scores + g * padded, num_keys);
+
+  // 3. weighted values, four rows and four chunks (64 channels) at a time
+  constexpr int kChunkStep = kChunks < 4 ? kChunks : 4;
+  static_assert(kChunks % kChunkStep == 0, "head_dim must be a multiple of 64 or be 16, 32");
+  for (int row = 0; row < group; row += 4) {
+    for (int chunk = 0; chunk < kChunks; chunk += kChunkStep) {
+      accumulate_context16_rows<scalar_t, kChunkStep>(
+          std::min(4, group - row), p, table, head_offset, num_keys, scores + row * padded,
+          padded, chunk, s.acc.data() + static_cast<int64_t>(row) * kHeadDim, kHeadDim);
+    }
+  }
+
+  for (int g = 0; g < group; ++g) {
+    const float inv_sum = 1.0f / s.row_sum[g];
+    const float* acc = s.acc.data() + static_cast<int64_t>(g) * kHeadDim;
+    scalar_t* out = p.out + (tile.first_token * p.num_heads + tile.kv_head * group + g) *
+                                static_cast<int64_t>(kHeadDim);
+    for (int d = 0; d < kHeadDim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+  }
+}
+#endif
+
 // kHeadDim, kBlockSize > 0 fix those sizes at compile time (unrolled inner loops, registers
 // for accumulators); 0 reads them from the problem.
 template <typename scalar_t, int kHeadDim, int kBlockSize>
@@ -486,6 +682,11 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   constexpr bool kBf16Dot =
       kVector && std::is_same_v<scalar_t, c10::BFloat16> && kHeadDim % 32 == 0;
   const bool transpose_keys = kCanTranspose && num_rows >= kMinRowsToTranspose;
+#if defined(__AVX512F__)
+  if constexpr (kVector) {
+    if (tile.num_tokens == 1) return decode_tile16_avx512<scalar_t, kHeadDim>(p, tile, s);
+  }
+#endif
 
   // query rows, widened and scaled: s.query[i * group + g, :] = scale * q[token i, head, :]
   for (int i = 0; i < tile.num_tokens; ++i) {
@@ -542,16 +743,16 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
         if (bf16_dot) {
           score_block16_bf16<kHeadDim>(s.query_bf16.data(), num_rows, key_block,
                                        p.cache_slot_stride, num_valid, p.scale,
-                                       s.scores.data());
+                                       s.scores.data(), block_size);
         } else {
           score_block16_avx512<scalar_t, kHeadDim>(s.query.data(), num_rows, key_block,
                                                    p.cache_slot_stride, num_valid,
-                                                   s.scores.data());
+                                                   s.scores.data(), block_size);
         }
       } else {
         score_block16_avx512<scalar_t, kHeadDim>(s.query.data(), num_rows, key_block,
                                                  p.cache_slot_stride, num_valid,
-                                                 s.scores.data());
+                                                 s.scores.data(), block_size);
       }
 #endif
     } else if constexpr (std::is_same_v<scalar_t, float>) {
