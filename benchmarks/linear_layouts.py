@@ -6,7 +6,8 @@ For each weight shape of SmolLM2-135M (fused qkv, o, fused gate/up, down, the LM
 each batch size M (decode batches are small, prefill chunks large), times `F.linear(x, W)`
 against `quire.model.linear.Linear` on each backend: `torch` (`x @ W_t` on the weight stored
 transposed), `onednn` (the weight reordered once by `torch.ops.mkldnn._reorder_linear_weight`,
-multiplied by `_linear_pointwise`: what vLLM's CPU backend does) and, for 16-bit dtypes,
+multiplied by `_linear_pointwise`: what vLLM's CPU backend does), `packed` (Quire's AVX-512
+kernel on the weight packed into 64-column tiles, where it runs) and, for 16-bit dtypes,
 `widened` (the weight widened to float32 once, the product in float32, rounded back). Each is
 checked against a float64 product. Prints microseconds per call and each one's speedup over
 F.linear. Run it with OMP_NUM_THREADS=1 for per-core figures.
@@ -23,6 +24,7 @@ from time import perf_counter
 import torch
 import torch.nn.functional as F
 
+from quire.kernels import linear as packed_linear
 from quire.model.linear import Linear
 
 # (out_features, in_features) of SmolLM2-135M's matmuls.
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.copies} copies, "
         f"load {os.getloadavg()}"
     )
-    backends = ["torch", "onednn", "widened"]
+    backends = ["torch", "onednn", "widened", "packed"]
     print(
         f"{'dtype':<9}{'shape':<9}{'M':>5}{'F.linear us':>12}"
         + "".join(f"{b + ' us':>12}{'x':>6}" for b in backends)
@@ -84,8 +86,9 @@ def main(argv: list[str] | None = None) -> None:
             weights = [torch.randn(n, k, dtype=dtype) / k**0.5 for _ in range(copies)]
             layers = {
                 b: [Linear(w, None, b, batch_size_hint=max(args.rows)) for w in weights]
-                for b in ["F.linear", *backends]
-                if b != "F.linear" and (b != "widened" or dtype != torch.float32)
+                for b in backends
+                if (b != "widened" or dtype != torch.float32)
+                and (b != "packed" or packed_linear.is_supported(dtype))
             }
             for m in args.rows:
                 x = torch.randn(m, k, dtype=dtype)

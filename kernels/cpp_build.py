@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(
-    _CSRC / name for name in ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp", "cache_cpu.cpp")
+    _CSRC / name
+    for name in ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp", "cache_cpu.cpp", "linear_cpu.cpp")
 )
 BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "quire_kernels_cpu"
 LIBRARY_PATH = BUILD_DIR / "libquire_kernels_cpu.so"

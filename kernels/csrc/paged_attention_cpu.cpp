@@ -31,8 +31,9 @@
 #if defined(__AVX512F__)
 #include <immintrin.h>
 // GCC 12's AVX-512 headers pass an undefined vector as the unused merge operand of the
-// unpack/shuffle builtins and then warn about it at every use.
+// unpack/shuffle/extract builtins and then warn about it at every use.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>

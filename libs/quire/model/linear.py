@@ -46,16 +46,18 @@ import time
 import torch
 import torch.nn.functional as F
 
-BACKENDS = ("auto", "onednn", "torch", "widened")
+from quire.kernels import linear as packed_linear
+
+BACKENDS = ("auto", "onednn", "packed", "torch", "widened")
 MIN_WIDENED_ROWS = 32  # fewer rows than this: a widened layer multiplies its narrow weight
-# `tuned_backend`: batch sizes timed (a decode batch and a prefill-sized one, both at or above
-# MIN_WIDENED_ROWS so the widened backend is timed on its own product) and repeats.
-TUNE_ROWS = (32, 128)
+# `tuned_backend`: batch sizes timed (small and large decode batches and a prefill-sized one;
+# below MIN_WIDENED_ROWS a widened layer is timed on its narrow weight, as it runs) and repeats.
+TUNE_ROWS = (4, 32, 128)
 TUNE_REPEATS = 5
 # (out_features, in_features) of one decoder layer's linears, e.g. qkv, o, gate_up, down.
 LayerShapes = tuple[tuple[int, int], ...]
-# What `tuned_backend` measured: (dtype, shapes) -> backend -> seconds for one pass of the
-# shapes at each of TUNE_ROWS (the best of TUNE_REPEATS).
+# What `tuned_backend` measured: (dtype, shapes) -> backend -> its mean, over TUNE_ROWS, of
+# (its best of TUNE_REPEATS seconds for one pass of the shapes) / (the fastest backend's).
 TUNINGS: dict[tuple[torch.dtype, LayerShapes], dict[str, float]] = {}
 
 
@@ -96,6 +98,13 @@ def linear_backend(
         return "onednn"
     if backend == "widened":
         return "widened" if narrow else "torch"
+    if backend == "packed":
+        if not packed_linear.is_supported(dtype):
+            raise ValueError(
+                f"QUIRE_LINEAR_BACKEND=packed needs the C++ kernels (make kernels-cpu) and, for "
+                f"{dtype}, a CPU that runs them (float32: AVX-512, bfloat16: AVX512_BF16)"
+            )
+        return "packed"
     if backend == "torch":
         return "torch"
     if shapes and dtype in _CANDIDATES:
@@ -108,18 +117,28 @@ def linear_backend(
 
 
 _CANDIDATES: dict[torch.dtype, tuple[str, ...]] = {
-    torch.float32: ("torch", "onednn"),
-    torch.bfloat16: ("onednn", "widened", "torch"),
+    torch.float32: ("torch", "onednn", "packed"),
+    torch.bfloat16: ("onednn", "widened", "torch", "packed"),
     torch.float16: ("widened", "torch"),
 }
+
+
+def _can_run(backend: str, dtype: torch.dtype) -> bool:
+    if backend == "onednn":
+        return _onednn_available()
+    if backend == "packed":
+        return packed_linear.is_supported(dtype)
+    return True
 
 
 @functools.cache
 def tuned_backend(dtype: torch.dtype, shapes: LayerShapes) -> str:
     """The CPU backend that runs linears of these shapes fastest in this dtype, measured once
-    per process on random weights (all candidates interleaved, best of TUNE_REPEATS, summed
-    over TUNE_ROWS); the times go to TUNINGS."""
-    candidates = [b for b in _CANDIDATES[dtype] if b != "onednn" or _onednn_available()]
+    per process on random weights: all candidates interleaved, each one's best of
+    TUNE_REPEATS at each of TUNE_ROWS as a multiple of the fastest there, averaged over
+    TUNE_ROWS (each batch size counts the same, not the largest most); the figures go to
+    TUNINGS."""
+    candidates = [b for b in _CANDIDATES[dtype] if _can_run(b, dtype)]
     gen = torch.Generator().manual_seed(0)
     weights = [(torch.randn(o, i, generator=gen) * 0.02).to(dtype) for o, i in shapes]
     inputs = {m: [torch.randn(m, i, generator=gen).to(dtype) for _, i in shapes] for m in TUNE_ROWS}
@@ -134,25 +153,35 @@ def tuned_backend(dtype: torch.dtype, shapes: LayerShapes) -> str:
                         layer(x)
                     if repeat:
                         best[b, m] = min(best[b, m], time.perf_counter() - started)
-    seconds = {b: sum(best[b, m] for m in TUNE_ROWS) for b in candidates}
-    TUNINGS[dtype, shapes] = seconds
-    return min(candidates, key=seconds.__getitem__)
+    fastest = {m: min(best[b, m] for b in candidates) for m in TUNE_ROWS}
+    slowdown = {
+        b: sum(best[b, m] / fastest[m] for m in TUNE_ROWS) / len(TUNE_ROWS) for b in candidates
+    }
+    TUNINGS[dtype, shapes] = slowdown
+    return min(candidates, key=slowdown.__getitem__)
 
 
 def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None = None) -> str:
     """The LM head's backend.
 
-    `auto`: oneDNN on the CPU for float32 and bfloat16. The head's weight (vocab x hidden) is
-    the model's largest, and at decode's few sampled rows reading it is most of the cost:
-    oneDNN's blocked product is 1.0-1.8x faster than the NN GEMM on float32 from 1 to 256
-    rows, one thread. A widened model keeps its head narrow for the same reason. An explicit
-    `torch` or `onednn` applies to the head too.
+    `auto`: on the CPU the packed kernel where it runs (float32 with AVX-512, bfloat16 with
+    AVX512_BF16), else oneDNN for float32 and bfloat16. The head's weight (vocab x hidden) is
+    the model's largest, and at decode's few sampled rows reading it is most of the cost: on
+    an AMD EPYC (Zen 4), 2 threads, the packed head was 1.4-1.5x faster than oneDNN's at 1-4
+    rows, 1.1-1.3x at 16-64 and even at 256 (`python -m benchmarks.linear_layouts`), and
+    oneDNN's 1.0-1.8x faster than the NN GEMM in float32. A widened model keeps its head
+    narrow for the same reason. An explicit `torch`, `onednn` or `packed` applies to the head
+    too.
     """
     backend = backend or os.environ.get("QUIRE_LINEAR_BACKEND", "auto")
     chosen = linear_backend(dtype, device, backend)
-    if chosen == "torch" and backend == "torch":
+    if backend in ("torch", "onednn", "packed"):
+        return chosen
+    if device.type != "cpu":
         return "torch"
-    if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and _onednn_available():
+    if packed_linear.is_supported(dtype):
+        return "packed"
+    if dtype in (torch.float32, torch.bfloat16) and _onednn_available():
         return "onednn"
     return "torch"
 
@@ -177,6 +206,8 @@ class Linear:
         self.narrow: Linear | None = None
         if backend == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size_hint)
+        elif backend == "packed":
+            self.weight = packed_linear.pack_weight(weight)
         elif weight.device.type == "cpu":
             if backend == "widened":
                 narrow = (
@@ -197,6 +228,8 @@ class Linear:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        if self.backend == "packed":
+            return packed_linear.packed_linear(x, self.weight, self.bias, self.out_features)
         if self.weight_t is not None:
             if self.narrow is not None:
                 if x.shape[0] < MIN_WIDENED_ROWS:

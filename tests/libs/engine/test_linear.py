@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from quire.kernels import linear as packed_linear
 from quire.model.linear import (
     BACKENDS,
     MIN_WIDENED_ROWS,
@@ -62,11 +63,13 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert linear_backend(torch.bfloat16, torch.device("cuda"), "onednn") == "torch"
     with pytest.raises(ValueError, match="float16"):
         linear_backend(torch.float16, CPU, "onednn")
-    # The LM head: oneDNN on the CPU unless torch is asked for by name.
+    # The LM head: packed where it runs, else oneDNN, on the CPU unless a backend is named.
     for dtype in (torch.float32, torch.bfloat16):
-        assert head_backend(dtype, CPU, "auto") == "onednn"
-        assert head_backend(dtype, CPU, "widened") == "onednn"
+        expected = "packed" if packed_linear.is_supported(dtype) else "onednn"
+        assert head_backend(dtype, CPU, "auto") == expected
+        assert head_backend(dtype, CPU, "widened") == expected
         assert head_backend(dtype, CPU, "torch") == "torch"
+        assert head_backend(dtype, CPU, "onednn") == "onednn"
     assert head_backend(torch.float16, CPU, "auto") == "torch"
     assert head_backend(torch.float32, torch.device("cuda"), "auto") == "torch"
     monkeypatch.setenv("QUIRE_LINEAR_BACKEND", "fastest")
@@ -119,6 +122,35 @@ def test_engine_tokens_do_not_depend_on_the_linear_backend(
         assert llm.engine.model.linear_backend == backend
         outputs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, False)]
     assert outputs["onednn"] == outputs["torch"]
+
+
+@pytest.mark.skipif(
+    not packed_linear.is_supported(torch.float32), reason="packed linears do not run here"
+)
+def test_packed_float32_engine_gives_the_torch_backends_greedy_tokens(
+    tiny_model: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from quire import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 40, 70)]
+    outputs = {}
+    for backend in ("packed", "torch"):
+        monkeypatch.setenv("QUIRE_LINEAR_BACKEND", backend)
+        llm = LLM(model=str(tiny_model), dtype="float32", num_kv_blocks=32)
+        assert llm.engine.model.linear_backend == backend
+        assert llm.engine.model.lm_head.backend == backend
+        outputs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, False)]
+    assert outputs["packed"] == outputs["torch"]
+
+
+def test_packed_backend_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    if packed_linear.is_supported(torch.bfloat16):
+        layer = Linear(torch.randn(70, 8).to(torch.bfloat16), None, "packed")
+        assert layer(torch.randn(3, 8).to(torch.bfloat16)).shape == (3, 70)
+        assert linear_backend(torch.bfloat16, CPU, "packed") == "packed"
+    with pytest.raises(ValueError, match="packed"):
+        linear_backend(torch.float16, CPU, "packed")
 
 
 @pytest.mark.parametrize("rows", [1, 4, 64, 300])

@@ -1,0 +1,238 @@
+// Linear layers on the CPU with AVX-512: y = x W^T (+ bias), W packed once at load.
+//
+// Packed layout. The weight [N, K] is cut into tiles of kTileCols = 64 output columns (N padded
+// with zero columns to a multiple of 64). Within a tile, for each step along K, the 64
+// columns' weights sit side by side: four 16-column vectors, one cache-line each.
+//   float32:  packed[tile][k][64]                    = W[64 * tile + c][k]
+//   bfloat16: packed[tile][k / 2][64][2] (pairs of k) = W[64 * tile + c][k, k + 1]
+// so a tile is one contiguous stream, read front to back, and each vector feeds one
+// multiply-add per row of x: an FMA of a broadcast x[m][k] (float32) or a vdpbf16ps of a
+// broadcast pair x[m][k, k + 1] (bfloat16; exact products, float32 sums).
+//
+// The product runs tile by tile, tiles spread over torch's threads; within a tile, rows of x
+// go kMaxRows at a time, 4 x kMaxRows accumulators in registers, so a few rows (decode) read
+// each weight once from memory and many rows re-read the tile from L2. Sums are float32 and
+// the output is rounded to the dtype once (bfloat16: round to nearest even).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// GCC 12's AVX-512 headers pass an undefined vector as the unused merge operand of the
+// masked-load and widening builtins and then warn about it at every use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace {
+
+constexpr int64_t kTileCols = 64;  // output columns per tile: four 16-lane vectors
+constexpr int kVectors = 4;        // vectors per tile row
+constexpr int kMaxRows = 6;        // rows of x per pass: 24 accumulators + 4 weights in registers
+
+bool cpu_has_avx512_bf16() {
+  static const bool has = __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+
+// Whether packed_linear runs for this dtype on this CPU and build.
+bool supported(at::ScalarType dtype) {
+#if defined(__AVX512F__)
+  if (dtype == at::kFloat) return true;
+  if (dtype == at::kBFloat16) return cpu_has_avx512_bf16();
+#endif
+  (void)dtype;
+  return false;
+}
+
+#if defined(__AVX512F__)
+// rows x [kRows, K] times one tile: acc[r][v] over the tile's 64 columns, then bias, rounding
+// and a store of the columns < num_cols.
+template <int kRows>
+void tile_float(const float* x, int64_t x_stride, const float* tile, int64_t k_dim,
+                const float* bias, float* out, int64_t out_stride, int num_cols,
+                const float* next_tile) {
+  __m512 acc[kRows][kVectors];
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < k_dim; ++k) {
+    const float* w = tile + k * kTileCols;
+    if (next_tile != nullptr) {
+      for (int v = 0; v < kVectors; ++v) __builtin_prefetch(next_tile + k * kTileCols + 16 * v, 0, 2);
+    }
+    __m512 wv[kVectors];
+    for (int v = 0; v < kVectors; ++v) wv[v] = _mm512_loadu_ps(w + 16 * v);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 xv = _mm512_set1_ps(x[r * x_stride + k]);
+      for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_fmadd_ps(xv, wv[v], acc[r][v]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVectors; ++v) {
+      const int first = 16 * v;
+      if (first >= num_cols) break;
+      const __mmask16 mask = static_cast<__mmask16>(
+          num_cols - first >= 16 ? 0xFFFFu : (1u << (num_cols - first)) - 1u);
+      __m512 y = acc[r][v];
+      if (bias != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, bias + first));
+      _mm512_mask_storeu_ps(out + r * out_stride + first, mask, y);
+    }
+  }
+}
+
+template <int kRows>
+__attribute__((target("avx512bf16"))) void tile_bf16(const c10::BFloat16* x, int64_t x_stride,
+                                                     const c10::BFloat16* tile, int64_t k_dim,
+                                                     const c10::BFloat16* bias,
+                                                     c10::BFloat16* out, int64_t out_stride,
+                                                     int num_cols,
+                                                     const c10::BFloat16* next_tile) {
+  __m512 acc[kRows][kVectors];
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t pair = 0; pair < k_dim / 2; ++pair) {
+    const c10::BFloat16* w = tile + pair * 2 * kTileCols;
+    if (next_tile != nullptr) {
+      for (int v = 0; v < kVectors; ++v) {
+        __builtin_prefetch(next_tile + pair * 2 * kTileCols + 32 * v, 0, 2);
+      }
+    }
+    __m512bh wv[kVectors];
+    for (int v = 0; v < kVectors; ++v) {
+      wv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(w + 32 * v));
+    }
+    for (int r = 0; r < kRows; ++r) {
+      int32_t bits;
+      std::memcpy(&bits, x + r * x_stride + 2 * pair, sizeof(bits));
+      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_set1_epi32(bits));
+      for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xv, wv[v]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int v = 0; v < kVectors; ++v) {
+      const int first = 16 * v;
+      if (first >= num_cols) break;
+      const __mmask16 mask = static_cast<__mmask16>(
+          num_cols - first >= 16 ? 0xFFFFu : (1u << (num_cols - first)) - 1u);
+      __m512 y = acc[r][v];
+      if (bias != nullptr) {
+        const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + first);
+        y = _mm512_add_ps(y, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+      }
+      const __m256i rounded = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(y));
+      _mm256_mask_storeu_epi16(out + r * out_stride + first, mask, rounded);
+    }
+  }
+}
+
+// One tile against every row of x, kMaxRows rows at a time.
+template <typename TileFn>
+void tile_all_rows(int64_t num_rows, TileFn&& fn) {
+  int64_t row = 0;
+  for (; row + kMaxRows <= num_rows; row += kMaxRows) fn(std::integral_constant<int, kMaxRows>{}, row);
+  switch (num_rows - row) {
+    case 1:
+      return fn(std::integral_constant<int, 1>{}, row);
+    case 2:
+      return fn(std::integral_constant<int, 2>{}, row);
+    case 3:
+      return fn(std::integral_constant<int, 3>{}, row);
+    case 4:
+      return fn(std::integral_constant<int, 4>{}, row);
+    case 5:
+      return fn(std::integral_constant<int, 5>{}, row);
+    default:
+      return;
+  }
+}
+static_assert(kMaxRows == 6, "tile_all_rows dispatches remainders 1 .. kMaxRows - 1");
+#endif
+
+// Values per tile and k step in the packed layout: 64 (float32) or 128 (bfloat16, a pair).
+int64_t packed_row_width(at::ScalarType dtype) { return dtype == at::kBFloat16 ? 2 * kTileCols : kTileCols; }
+
+}  // namespace
+
+// x: [M, K] (unit last stride); packed: [ceil(N / 64), K or K / 2, 64 or 128], the layout above
+// (built by quire.kernels.linear.pack_weight); bias: [N] or None. Returns [M, N] in x's dtype.
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const std::optional<at::Tensor>& bias, int64_t out_features) {
+  const at::ScalarType dtype = x.scalar_type();
+  TORCH_CHECK_VALUE(supported(dtype), "packed linears do not run on this CPU for ", dtype);
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.stride(1) == 1 && x.device().is_cpu(),
+                    "x must be a CPU [rows, in_features] tensor with unit last stride");
+  TORCH_CHECK_VALUE(packed.scalar_type() == dtype && packed.dim() == 3 && packed.is_contiguous() &&
+                        packed.size(2) == packed_row_width(dtype),
+                    "packed must be a packed weight in x's dtype");
+  const int64_t k_dim = x.size(1), num_rows = x.size(0);
+  TORCH_CHECK_VALUE(packed.size(1) == (dtype == at::kBFloat16 ? k_dim / 2 : k_dim) &&
+                        (dtype != at::kBFloat16 || k_dim % 2 == 0),
+                    "x's in_features (", k_dim, ") do not match the packed weight");
+  const int64_t num_tiles = packed.size(0);
+  TORCH_CHECK_VALUE(out_features > (num_tiles - 1) * kTileCols &&
+                        out_features <= num_tiles * kTileCols,
+                    "out_features (", out_features, ") do not match the packed weight");
+  const bool has_bias = bias.has_value() && bias->defined();
+  if (has_bias) {
+    TORCH_CHECK_VALUE(bias->scalar_type() == dtype && bias->dim() == 1 &&
+                          bias->size(0) == out_features && bias->is_contiguous(),
+                      "bias must be a contiguous [out_features] vector in x's dtype");
+  }
+  at::Tensor out = at::empty({num_rows, out_features}, x.options());
+  if (num_rows == 0) return out;
+#if defined(__AVX512F__)
+  const int64_t x_stride = x.stride(0);
+  const int64_t tile_elems = packed.size(1) * packed.size(2);
+  // Tiles split evenly over the threads: each is the same work.
+  const int64_t grain = std::max<int64_t>(1, (num_tiles + at::get_num_threads() - 1) /
+                                                 at::get_num_threads());
+  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int num_cols = static_cast<int>(std::min(kTileCols, out_features - t * kTileCols));
+      const int64_t col = t * kTileCols;
+      if (dtype == at::kFloat) {
+        const float* xs = x.data_ptr<float>();
+        const float* tile = packed.data_ptr<float>() + t * tile_elems;
+        const float* b = has_bias ? bias->data_ptr<float>() + col : nullptr;
+        float* o = out.data_ptr<float>() + col;
+        tile_all_rows(num_rows, [&](auto rows, int64_t row) {
+          tile_float<decltype(rows)::value>(xs + row * x_stride, x_stride, tile, k_dim, b,
+                                            o + row * out_features, out_features, num_cols,
+                                            row == 0 && t + 1 < end ? tile + tile_elems : nullptr);
+        });
+      } else {
+        const c10::BFloat16* xs = x.data_ptr<c10::BFloat16>();
+        const c10::BFloat16* tile = packed.data_ptr<c10::BFloat16>() + t * tile_elems;
+        const c10::BFloat16* b = has_bias ? bias->data_ptr<c10::BFloat16>() + col : nullptr;
+        c10::BFloat16* o = out.data_ptr<c10::BFloat16>() + col;
+        tile_all_rows(num_rows, [&](auto rows, int64_t row) {
+          tile_bf16<decltype(rows)::value>(xs + row * x_stride, x_stride, tile, k_dim, b,
+                                           o + row * out_features, out_features, num_cols,
+                                           row == 0 && t + 1 < end ? tile + tile_elems : nullptr);
+        });
+      }
+    }
+  });
+#endif
+  return out;
+}
+
+bool packed_linear_supported(c10::ScalarType dtype) { return supported(dtype); }
+
+TORCH_LIBRARY_FRAGMENT(quire_cpu, m) {
+  m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor");
+  // whether packed_linear runs for a dtype on this CPU and build (no tensor to dispatch on)
+  m.def("packed_linear_supported(ScalarType dtype) -> bool", &packed_linear_supported);
+}
+
+TORCH_LIBRARY_IMPL(quire_cpu, CPU, m) { m.impl("packed_linear", &packed_linear); }
