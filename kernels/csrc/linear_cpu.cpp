@@ -54,6 +54,12 @@ bool supported(at::ScalarType dtype) {
 }
 
 #if defined(__AVX512F__)
+// The lanes of the 16-column vector starting at column `first` that hold one of num_cols.
+inline __mmask16 column_mask(int num_cols, int first) {
+  return static_cast<__mmask16>(num_cols - first >= 16 ? 0xFFFFu
+                                                       : (1u << (num_cols - first)) - 1u);
+}
+
 // rows x [kRows, K] times one tile: acc[r][v] over the tile's 64 columns, then bias, rounding
 // and a store of the columns < num_cols.
 template <int kRows>
@@ -80,8 +86,7 @@ void tile_float(const float* x, int64_t x_stride, const float* tile, int64_t k_d
     for (int v = 0; v < kVectors; ++v) {
       const int first = 16 * v;
       if (first >= num_cols) break;
-      const __mmask16 mask = static_cast<__mmask16>(
-          num_cols - first >= 16 ? 0xFFFFu : (1u << (num_cols - first)) - 1u);
+      const __mmask16 mask = column_mask(num_cols, first);
       __m512 y = acc[r][v];
       if (bias != nullptr) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, bias + first));
       _mm512_mask_storeu_ps(out + r * out_stride + first, mask, y);
@@ -122,8 +127,7 @@ __attribute__((target("avx512bf16"))) void tile_bf16(const c10::BFloat16* x, int
     for (int v = 0; v < kVectors; ++v) {
       const int first = 16 * v;
       if (first >= num_cols) break;
-      const __mmask16 mask = static_cast<__mmask16>(
-          num_cols - first >= 16 ? 0xFFFFu : (1u << (num_cols - first)) - 1u);
+      const __mmask16 mask = column_mask(num_cols, first);
       __m512 y = acc[r][v];
       if (bias != nullptr) {
         const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + first);
