@@ -6,8 +6,10 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from quire import LLM, SamplingParams
+from quire.kernels import linear as packed_linear
 from tests.libs.engine.conftest import HFOracle, assert_matches_reference
 
 PROMPT_LENGTHS = [1, 2, 7, 15, 16, 17, 31, 32, 33, 48, 64, 100, 150, 201, 256, 300]
@@ -44,9 +46,34 @@ def run_and_compare(llm: LLM, oracle: HFOracle, prompts: list[list[int]], label:
 MODELS = ["tiny", "tiny-mqa", "tiny-qwen2"]
 
 
+@pytest.fixture(
+    autouse=True,
+    params=[
+        "auto",
+        pytest.param(
+            "packed",
+            marks=pytest.mark.skipif(
+                not packed_linear.is_supported(torch.float32),
+                reason="packed linears do not run on this CPU",
+            ),
+        ),
+    ],
+)
+def linear_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every mode under the measured choice and under Quire's own packed kernel by name."""
+    backend: str = request.param
+    monkeypatch.setenv("QUIRE_LINEAR_BACKEND", backend)
+    return backend
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_plain(name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]) -> None:
+def test_plain(
+    name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle], linear_backend: str
+) -> None:
     llm = LLM(model=str(model_zoo[name]), dtype="float32")
+    if linear_backend != "auto":
+        assert llm.engine.model.linear_backend == linear_backend
+        assert llm.engine.model.lm_head.backend == linear_backend
     vocab = llm.engine.model.config.vocab_size
     run_and_compare(llm, oracles[name], random_prompts(vocab, seed=7), f"{name}/plain")
 
