@@ -584,18 +584,18 @@ void accumulate_context16_rows(int num_rows, const Problem<scalar_t>& p, const i
   }
 }
 
+// How many blocks ahead decode_tile16_avx512 prefetches. The rows go to L2, not L1: a tile
+// reads the blocks it is told in no order a hardware prefetcher can follow, and L1 can track
+// too few misses at once to hide memory latency (`make bench-kernels` reads the caches from
+// memory; on an AMD EPYC prefetching into L1 was the slower of the two there).
+constexpr int kPrefetchBlocks = 2;
+
 // A one-token tile (decode) with 16-slot blocks, in AVX-512 and two passes over the context
 // instead of attend_tile's online softmax: (1) every row's scores against every key, block by
 // block, into one [rows, context] buffer; (2) one softmax per row over the whole context;
 // (3) the weighted values, each value row loaded once for up to four query rows. A row's
 // softmax is done once rather than rescaled at every block, and values are widened in
 // registers rather than copied. Reads the same slots as attend_tile: none past the context.
-// How many blocks ahead decode_tile16_avx512 prefetches. The rows go to L2, not L1: a tile
-// reads the blocks it is told in no order a hardware prefetcher can follow, and L1 can track
-// too few misses at once to hide memory latency (measured on an AMD EPYC with 30 layers'
-// caches cycled: ~0.5 against ~0.8 ms per call for 16 sequences of up to 800 tokens).
-constexpr int kPrefetchBlocks = 2;
-
 template <typename scalar_t, int kHeadDim>
 void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   static_assert(kHeadDim % 16 == 0, "head_dim must be a multiple of 16");
