@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-structured bench-kernels bench-step loadtest gpu-check clean compose images chaos
 .PHONY: compose-up compose-down compose-test chaos-compose
-.PHONY: peer-vllm data kernels-cpu bench-routing
+.PHONY: peer-vllm data kernels-cpu bench-routing gpu-kit
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -26,7 +26,8 @@ help:
 	@echo "make bench-step    memory-manager Step bytes/ms, full tables vs deltas -> bench/results/step_size.json"
 	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
-	@echo "make gpu-check     kernel tests on CUDA + decode-attention bandwidth"
+	@echo "make gpu-kit       what the GPU check carries: model config + tokenizer, ShareGPT requests"
+	@echo "make gpu-check     on a GPU machine's python3: kernel tests, decode bandwidth, end to end"
 	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
 	@echo "make images        docker build the service images (VARIANT=cpu|cuda), no registry needed"
@@ -192,9 +193,20 @@ bench-kernels: $(STAMP) $(CPU_KERNELS)
 bench-step: $(STAMP) $(RPC_STAMP)
 	$(PY) -m benchmarks.step_size $(BENCH_STEP_ARGS)
 
-gpu-check: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider tests/kernels --device cuda
-	$(PY) -m benchmarks.decode_attention --device cuda
+# The GPU check runs on a GPU machine's own python3 (its torch, Triton, transformers), from the
+# source tree, installing nothing: kernel tests on CUDA, decode bandwidth against the device's
+# copy bandwidth, SmolLM2 end to end against transformers (docs/benchmarks.md, "The GPU check").
+# What it cannot find there, the model's config and tokenizer and the ShareGPT requests, is the
+# kit that `make gpu-kit` writes here (~5 MB) to carry along. GPU_CHECK_ARGS: e.g. --out DIR.
+GPU_PYTHON ?= python3
+GPU_KIT := .gpu-kit
+$(GPU_KIT)/kit.json: $(STAMP) models/smollm2-135m-instruct/config.json $(SHAREGPT) benchmarks/gpu/kit.py
+	$(PY) -m benchmarks.gpu.kit --out $(GPU_KIT)
+
+gpu-kit: $(GPU_KIT)/kit.json
+
+gpu-check:
+	$(GPU_PYTHON) -m benchmarks.gpu.check --kit $(GPU_KIT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) models bench/results services/rpc .run build/quire_kernels_cpu

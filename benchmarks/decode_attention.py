@@ -14,7 +14,9 @@ as they are after the allocator has churned. Small batches are not served from c
 are not in a model's forward pass: on CUDA the L2 is flushed before each timed call; on the
 CPU the timed calls cycle through copies of the caches that together exceed the L3. The torch reference also checks its index
 values, which costs it a device sync per call on CUDA; that is part of what it costs to use.
-Writes bench/results/decode_attention.json.
+The ceiling each point is held against ("of copy") is the device's copy bandwidth measured in
+the same run, bytes read plus bytes written (copy_gb_per_s). Writes
+bench/results/decode_attention.json.
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ class Result:
     context_len: int
     time_ms: float  # median per call
     gb_per_s: float  # bytes moved / time
+    share_of_copy: float  # gb_per_s / the device's measured copy bandwidth (copy_gb_per_s)
     max_abs_diff: float | None  # against the torch reference; None for the reference itself
 
 
@@ -92,9 +95,11 @@ def _bytes_moved(config: BenchConfig, batch_size: int, context_len: int) -> int:
     return (kv_bytes + query_and_out_bytes) * element_size
 
 
-def _time_cuda_ms(fns: list[Callable[[], object]], num_iters: int = 20) -> float:
+def _time_cuda_ms(
+    fns: list[Callable[[], object]], num_iters: int = 20, flush_l2: bool = True
+) -> float:
     fn = fns[0]  # the L2 is flushed instead
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    flush = torch.empty(256 * 1024 * 1024 if flush_l2 else 0, dtype=torch.int8, device="cuda")
     for _ in range(3):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(num_iters)]
@@ -108,6 +113,18 @@ def _time_cuda_ms(fns: list[Callable[[], object]], num_iters: int = 20) -> float
     return statistics.median(
         start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)
     )
+
+
+def copy_gb_per_s(device: str) -> float:
+    """The device's memory bandwidth as a plain copy moves it: bytes read plus bytes written per
+    second (median), buffers far larger than its caches: 1 GiB each way on CUDA, 256 MiB on the CPU.
+    """
+    num_bytes = (1 << 30) if device == "cuda" else (256 << 20)
+    source = torch.ones(num_bytes, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    copy = lambda: target.copy_(source)
+    elapsed_ms = _time_cuda_ms([copy], flush_l2=False) if device == "cuda" else _time_cpu_ms([copy])
+    return 2 * num_bytes / (elapsed_ms * 1e-3) / 1e9
 
 
 def _time_cpu_ms(fns: list[Callable[[], object]], budget_s: float = 1.0) -> float:
@@ -157,13 +174,12 @@ def _backends(
     return backends
 
 
-def run(device: str, dtype: str | None = None) -> tuple[BenchConfig, list[Result]]:
-    """Time every (batch size, context length) point of the device's sweep."""
-    config = CUDA_CONFIG if device == "cuda" else CPU_CONFIG
-    if dtype is not None:
-        config = replace(config, dtype=dtype)
+def run(config: BenchConfig, device: str, copy_bandwidth: float | None = None) -> list[Result]:
+    """Time every (batch size, context length) point of the sweep; `copy_bandwidth` (GB/s,
+    default: measured by copy_gb_per_s) is what each point's bandwidth is a share of."""
     scale = config.head_dim**-0.5
     time_ms = _time_cuda_ms if device == "cuda" else _time_cpu_ms
+    copy_bandwidth = copy_bandwidth or copy_gb_per_s(device)
 
     results = []
     for context_len in config.context_lens:
@@ -180,18 +196,20 @@ def run(device: str, dtype: str | None = None) -> tuple[BenchConfig, list[Result
             for backend, fn in backends[0].items():
                 diff = (fn().float() - expected).abs().max().item()
                 elapsed_ms = time_ms([each[backend] for each in backends])
+                gb_per_s = num_bytes / (elapsed_ms * 1e-3) / 1e9
                 results.append(
                     Result(
                         backend=backend,
                         batch_size=batch_size,
                         context_len=context_len,
                         time_ms=elapsed_ms,
-                        gb_per_s=num_bytes / (elapsed_ms * 1e-3) / 1e9,
+                        gb_per_s=gb_per_s,
+                        share_of_copy=gb_per_s / copy_bandwidth,
                         max_abs_diff=None if backend == "torch" else diff,
                     )
                 )
             del inputs, expected, copies, backends
-    return config, results
+    return results
 
 
 def _print_table(results: list[Result]) -> None:
@@ -205,7 +223,7 @@ def _print_table(results: list[Result]) -> None:
         width = widths[backend]
         header += f" {backend + ' ms':>{width}} {backend + ' GB/s':>{width}}"
     if fast_backend is not None:
-        header += f" {'vs torch':>9} {'max diff':>9}"
+        header += f" {'vs torch':>9} {'of copy':>8} {'max diff':>9}"
     print(header)
     for batch_size, context_len in points:
         line = f"{batch_size:>6} {context_len:>8}"
@@ -216,7 +234,8 @@ def _print_table(results: list[Result]) -> None:
         if fast_backend is not None:
             fast = by_key[(fast_backend, batch_size, context_len)]
             slow = by_key[("torch", batch_size, context_len)]
-            line += f" {slow.time_ms / fast.time_ms:>8.1f}x {fast.max_abs_diff:>9.2e}"
+            line += f" {slow.time_ms / fast.time_ms:>8.1f}x {fast.share_of_copy:>8.0%}"
+            line += f" {fast.max_abs_diff:>9.2e}"
         print(line)
 
 
@@ -233,14 +252,25 @@ def main() -> None:
         choices=("float32", "bfloat16", "float16"),
         help="cache and query dtype (default: the device's config)",
     )
+    parser.add_argument("--batch-sizes", type=int, nargs="+", help="default: the device's sweep")
+    parser.add_argument("--context-lens", type=int, nargs="+", help="default: the device's sweep")
     parser.add_argument("--output", type=Path, default=RESULTS_PATH, help="JSON results path")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but torch.cuda.is_available() is False")
 
     torch.manual_seed(0)
-    config, results = run(args.device, args.dtype)
+    config = CUDA_CONFIG if args.device == "cuda" else CPU_CONFIG
+    overrides = {
+        "dtype": args.dtype,
+        "batch_sizes": tuple(args.batch_sizes) if args.batch_sizes else None,
+        "context_lens": tuple(args.context_lens) if args.context_lens else None,
+    }
+    config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
+    copy_bandwidth = copy_gb_per_s(args.device)
+    results = run(config, args.device, copy_bandwidth)
     print(f"paged decode attention on {args.device}: {config}")
+    print(f"copy bandwidth (read + written): {copy_bandwidth:.1f} GB/s; 'of copy' is the share")
     _print_table(results)
 
     device_name = (
@@ -252,6 +282,7 @@ def main() -> None:
         "device_name": device_name,
         "torch": torch.__version__,
         "config": asdict(config),
+        "copy_gb_per_s": copy_bandwidth,
         "results": [asdict(result) for result in results],
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

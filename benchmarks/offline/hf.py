@@ -57,8 +57,8 @@ def run_hf_static(
                 input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
                 attention_mask[row, width - len(prompt) :] = 1
             out = hf.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
+                input_ids=input_ids.to(hf.device),
+                attention_mask=attention_mask.to(hf.device),
                 max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens,  # suppresses EOS until the batch's longest is done
                 do_sample=False,
@@ -114,7 +114,9 @@ def run_hf_continuous(
     from transformers import ContinuousBatchingConfig, GenerationConfig
 
     label = f"hf-continuous {workload.name}"
-    page_size = ContinuousBatchingConfig().page_size
+    defaults = ContinuousBatchingConfig()
+    # Tokens per KV page: `page_size` since transformers 5.2x, `block_size` before.
+    page_size = getattr(defaults, "page_size", None) or defaults.block_size
     cb_config = ContinuousBatchingConfig(
         num_blocks=-(-num_kv_tokens // page_size),  # same KV capacity as Quire's pool
         max_batch_tokens=max_batch_tokens,
