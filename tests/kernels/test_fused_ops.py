@@ -59,6 +59,28 @@ def test_add_rms_norm_updates_both_in_place(dtype: torch.dtype, num_tokens: int)
     torch.testing.assert_close(x, want_x, **NORM_TOLERANCES[dtype])
 
 
+def test_bfloat16_rounds_ties_to_even_and_keeps_inf_and_nan_as_torch_does() -> None:
+    # The kernels convert bfloat16 by its bits; these rows make the residual add land exactly
+    # halfway between two bfloat16 values (rounding down to even, then up to even) and carry
+    # an infinity and a NaN through the norm.
+    hidden = 64
+    residual = torch.ones(4, hidden, dtype=torch.bfloat16)
+    residual[1] = 1.0078125  # one bfloat16 step above 1: odd last mantissa bit
+    residual[2, 5] = float("inf")
+    residual[3, 9] = float("nan")
+    x = torch.full((4, hidden), 2.0**-8, dtype=torch.bfloat16)  # half a step at 1.0
+    weight = torch.linspace(0.5, 1.5, hidden).to(torch.bfloat16)
+    want_x, want_residual = x.clone(), residual.clone()
+    fused.add_rms_norm_reference_(want_x, want_residual, weight, 1e-5)
+    assert want_residual[0, 0].item() == 1.0 and want_residual[1, 0].item() == 1.015625
+    torch.ops.quire_cpu.add_rms_norm_(x, residual, weight, 1e-5)
+    torch.testing.assert_close(residual, want_residual, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(x, want_x, rtol=0, atol=0, equal_nan=True)
+    # an infinite sum of squares: inf * 0 is NaN where the inf was, 0 elsewhere; NaN spreads
+    assert x[2].isnan().nonzero().flatten().tolist() == [5] and (x[2, :5] == 0).all()
+    assert x[3].isnan().all()
+
+
 def test_norms_read_strided_rows() -> None:
     base = torch.randn(5, 2 * 64)
     x = base[:, :64]  # row stride 128
