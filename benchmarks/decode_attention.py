@@ -99,13 +99,14 @@ def _time_cuda_ms(
     fns: list[Callable[[], object]], num_iters: int = 20, flush_l2: bool = True
 ) -> float:
     fn = fns[0]  # the L2 is flushed instead
-    flush = torch.empty(256 * 1024 * 1024 if flush_l2 else 0, dtype=torch.int8, device="cuda")
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda") if flush_l2 else None
     for _ in range(3):
         fn()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(num_iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(num_iters)]
     for start, end in zip(starts, ends, strict=True):
-        flush.zero_()
+        if flush is not None:
+            flush.zero_()
         start.record()
         fn()
         end.record()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from benchmarks.offline.hf import (
     run_hf_static,
     warm_up_hf_static,
 )
+from benchmarks.offline.machine import machine_info
 from benchmarks.offline.quire_run import run_quire, warm_up_quire, warmup_workload
 from benchmarks.offline.workloads import Workload, capped
 
@@ -75,11 +75,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Both systems on the kit's requests; the report is rewritten to --output after each one,
     so a run stopped from outside still leaves what it measured."""
@@ -92,11 +87,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     pairs = list(zip(kit.prompts, kit.output_lens, strict=True))[: args.num_requests]
     workload: Workload = capped("sharegpt", pairs, args.max_prompt_len, args.max_output_len)
     device = torch.device(args.device)
+    machine = {**machine_info(), "triton": _triton_version()}
     report: dict[str, Any] = {
         "benchmark": "gpu_end_to_end",
         "device": args.device,
-        "device_name": _device_name(device),
-        "versions": _versions(),
+        "device_name": (
+            torch.cuda.get_device_name(device) if device.type == "cuda" else machine["cpu"]
+        ),
+        "machine": machine,
         "model": f"{kit.model_name} (config and tokenizer; random weights, seed {args.seed})",
         "dtype": args.dtype,
         "workload": {
@@ -128,7 +126,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             max_num_batched_tokens=args.max_num_batched_tokens,
         )
         warm_up_quire(llm, warmup)
-        _synchronize(device)
         quire = run_quire(llm, workload, f"quire {args.dtype}")
         quire_tok_s = quire.num_output_tokens / quire.wall_s
         quire_kv_tokens = llm.engine.allocator.num_blocks * llm.engine.allocator.block_size
@@ -193,24 +190,12 @@ def _peak_memory_mib(device: torch.device) -> float | None:
     return peak
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
-
-
-def _versions() -> dict[str, str]:
-    import transformers
-
-    versions = {"python": platform.python_version(), "torch": torch.__version__}
-    versions["transformers"] = transformers.__version__
+def _triton_version() -> str:
     try:
         import triton
-
-        versions["triton"] = triton.__version__
     except ImportError:
-        versions["triton"] = "not installed"
-    return versions
+        return "not installed"
+    return str(triton.__version__)
 
 
 def print_table(report: dict[str, Any]) -> None:
