@@ -38,12 +38,6 @@ print(json.dumps(pools))
 """
 
 
-def compose_files() -> list[str]:
-    """The -f options `make compose-up` recorded, or the default compose.yaml."""
-    recorded = REPO / ".run" / "compose" / "files"
-    return recorded.read_text().split() if recorded.exists() else ["-f", "compose.yaml"]
-
-
 def run(*command: str, timeout: float = 120) -> str:
     """Run a command from the repository root; its stdout, or RuntimeError with its stderr."""
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
@@ -54,7 +48,7 @@ def run(*command: str, timeout: float = 120) -> str:
 
 def container(service: str) -> str:
     """The container id of a compose service."""
-    cid = run("docker-compose", "-p", PROJECT, *compose_files(), "ps", "-q", service)
+    cid = run("deploy/docker/compose.sh", "compose", "ps", "-q", service)
     if not cid:
         raise RuntimeError(f"compose service {service} has no container: run `make compose-up`")
     return cid

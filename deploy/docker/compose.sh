@@ -6,6 +6,7 @@
 #   deploy/docker/compose.sh images   # build the images (a debootstrap base when BASE_IMAGE cannot be pulled)
 #   deploy/docker/compose.sh up       # engine, images, `docker-compose up -d`, wait for the router's /health
 #   deploy/docker/compose.sh down     # `docker-compose down` (QUIRE_COMPOSE_DOWN_ARGS=-v also drops volumes)
+#   deploy/docker/compose.sh compose ARGS  # docker-compose ARGS on the stack `up` made (its files)
 #
 # Settings (environment): BASE_IMAGE (python:3.11-slim-bookworm), LOCAL_BASE_IMAGE
 # (quire-debian:bookworm-py3.11), TORCH_SOURCE (auto: the wheel pip's find-links holds, else the
@@ -116,7 +117,21 @@ images() {
     log "images built in $((SECONDS - start)) s"
 }
 
-compose() { docker-compose $(cat "$STATE/files" 2>/dev/null || echo -f compose.yaml) "$@"; }
+# Grafana has no default admin password: GRAFANA_ADMIN_PASSWORD from the environment, else one
+# generated once and kept (mode 600) in .run/compose/grafana-admin-password.
+grafana_password() {
+    if [ -n "${GRAFANA_ADMIN_PASSWORD:-}" ]; then return; fi
+    local file="$STATE/grafana-admin-password"
+    if [ ! -s "$file" ]; then
+        mkdir -p "$STATE"
+        (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(16))' >"$file")
+        log "Grafana admin password generated: $file (user admin)"
+    fi
+    GRAFANA_ADMIN_PASSWORD=$(cat "$file")
+    export GRAFANA_ADMIN_PASSWORD
+}
+
+compose() { grafana_password; docker-compose $(cat "$STATE/files" 2>/dev/null || echo -f compose.yaml) "$@"; }
 
 services() {
     if [ -n "${QUIRE_COMPOSE_SERVICES:-}" ]; then echo "$QUIRE_COMPOSE_SERVICES"; return; fi
@@ -178,5 +193,6 @@ case "${1:-}" in
     up) up ;;
     down) down ;;
     wait) wait_healthy ;;
-    *) echo "usage: $0 engine|images|up|down|wait" >&2; exit 2 ;;
+    compose) shift; compose "$@" ;;
+    *) echo "usage: $0 engine|images|up|down|wait|compose ARGS..." >&2; exit 2 ;;
 esac

@@ -15,21 +15,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_URL = os.environ.get("QUIRE_COMPOSE_URL", "http://127.0.0.1:8000")
-PROJECT = "quire"
 
 if os.environ.get("QUIRE_COMPOSE_TEST") != "1":
     collect_ignore_glob = ["test_*.py"]
 
 
-def compose_files() -> list[str]:
-    """The -f arguments `make compose-up` used (it records them in .run/compose/files)."""
-    recorded = REPO / ".run" / "compose" / "files"
-    return recorded.read_text().split() if recorded.exists() else ["-f", "compose.yaml"]
-
-
 def compose(*args: str, timeout: float = 120) -> str:
-    """Run docker-compose on the stack's project; its stdout."""
-    command = ["docker-compose", "-p", PROJECT, *compose_files(), *args]
+    """Run docker-compose on the stack `make compose-up` started (its files); its stdout."""
+    command = ["deploy/docker/compose.sh", "compose", *args]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed: {done.stderr.strip()[-500:]}")

@@ -248,8 +248,8 @@ def test_grafana_is_provisioned_with_the_dashboard_and_prometheus(doc: dict[str,
     assert source["url"] == "http://prometheus:9090"  # the prometheus service, its default port
     assert env["GF_AUTH_ANONYMOUS_ENABLED"] == "true"
     assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
-    # The admin password comes from the environment; `admin` is a local-only default.
-    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:-admin}"
+    # The admin password comes from the environment, with no default: unset, compose refuses.
+    assert env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
 
 
 def test_compose_1_x_can_read_it(doc: dict[str, Any]) -> None:
