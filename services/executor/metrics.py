@@ -1,23 +1,12 @@
-"""Prometheus metrics under vLLM's names with the `quire:` prefix.
+"""Prometheus metrics of one executor: vLLM's series, named `quire_executor_<vLLM name>`.
 
 Each executor owns its registry (so several can live in one test process); the engine
 loop thread updates it, prometheus_client's HTTP server thread reads it.
 
-Exposed series (every one labelled `model_name`; counters get prometheus_client's
-`_total` suffix, histograms `_bucket`/`_sum`/`_count`, as vLLM's `vllm:*` do):
-
-    quire:num_requests_running             gauge      sequences running
-    quire:num_requests_waiting             gauge      sequences waiting to be scheduled
-    quire:kv_cache_usage_perc              gauge      0..1, blocks in use / all blocks
-    quire:prefix_cache_queries_total       counter    prompt tokens looked up at admission
-    quire:prefix_cache_hits_total          counter    of those, tokens found cached
-    quire:num_preemptions_total            counter
-    quire:prompt_tokens_total              counter    prompt tokens of admitted requests
-    quire:generation_tokens_total          counter
-    quire:time_to_first_token_seconds      histogram  request added -> first token
-    quire:inter_token_latency_seconds      histogram  between a request's token steps
-    quire:e2e_request_latency_seconds      histogram  request added -> finished
-    quire:request_queue_time_seconds       histogram  request added -> first scheduled
+Every series is labelled `model_name` and measures what vLLM's `vllm:<name>` of the same
+name measures, so a vLLM dashboard ports by replacing `vllm:` with `quire_executor_`.
+Names, types, labels and the vLLM equivalents are listed in docs/metrics.md
+(`make docs-metrics` writes it from this registry).
 """
 
 from __future__ import annotations
@@ -28,6 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from quire.cluster.registry import ExecutorLoad
 from quire.engine.stats import StepStats
+
+PREFIX = "quire_executor_"
+VLLM_PREFIX = "vllm:"
 
 # vLLM's buckets (seconds).
 _TTFT_BUCKETS: tuple[float, ...] = (
@@ -49,47 +41,59 @@ class ExecutorMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
+        # Series name (counters without `_total`) -> the vLLM series it mirrors.
+        self.vllm_equivalents: dict[str, str] = {}
         labels = ["model_name"]
         r = self.registry
 
-        def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, labels, registry=r).labels(model_name)
+        def name(vllm_name: str) -> str:
+            self.vllm_equivalents[PREFIX + vllm_name] = VLLM_PREFIX + vllm_name
+            return PREFIX + vllm_name
 
-        def counter(name: str, doc: str) -> Any:
-            return Counter(name, doc, labels, registry=r).labels(model_name)
+        def gauge(vllm_name: str, doc: str) -> Any:
+            return Gauge(name(vllm_name), doc, labels, registry=r).labels(model_name)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
-            return Histogram(name, doc, labels, buckets=buckets, registry=r).labels(model_name)
+        def counter(vllm_name: str, doc: str) -> Any:
+            return Counter(name(vllm_name), doc, labels, registry=r).labels(model_name)
+
+        def histogram(vllm_name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            metric = Histogram(name(vllm_name), doc, labels, buckets=buckets, registry=r)
+            return metric.labels(model_name)
 
         self.num_requests_running = gauge(
-            "quire:num_requests_running", "Sequences running on the executor."
+            "num_requests_running", "Sequences running on the executor."
         )
         self.num_requests_waiting = gauge(
-            "quire:num_requests_waiting", "Sequences waiting to be scheduled."
+            "num_requests_waiting", "Sequences waiting to be scheduled."
         )
         self.kv_cache_usage_perc = gauge(
-            "quire:kv_cache_usage_perc", "KV-cache usage: 1 means every block is in use."
+            "kv_cache_usage_perc",
+            "KV-cache usage as a fraction 0..1 (vLLM's name): 1 means every block is in use.",
         )
         self.prefix_cache_queries = counter(
-            "quire:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+            "prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
         )
         self.prefix_cache_hits = counter(
-            "quire:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+            "prefix_cache_hits", "Prompt tokens found in the prefix cache."
         )
-        self.num_preemptions = counter("quire:num_preemptions", "Cumulative preemptions.")
-        self.prompt_tokens = counter("quire:prompt_tokens", "Prompt tokens admitted.")
-        self.generation_tokens = counter("quire:generation_tokens", "Tokens generated.")
+        self.num_preemptions = counter("num_preemptions", "Cumulative preemptions.")
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens admitted.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self.time_to_first_token = histogram(
-            "quire:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS
+            "time_to_first_token_seconds",
+            "From the request's arrival at the executor to its first token.",
+            _TTFT_BUCKETS,
         )
         self.inter_token_latency = histogram(
-            "quire:inter_token_latency_seconds", "Time between a request's tokens.", _ITL_BUCKETS
+            "inter_token_latency_seconds", "Time between a request's tokens.", _ITL_BUCKETS
         )
         self.e2e_request_latency = histogram(
-            "quire:e2e_request_latency_seconds", "End-to-end request latency.", _E2E_BUCKETS
+            "e2e_request_latency_seconds",
+            "From the request's arrival at the executor to its end.",
+            _E2E_BUCKETS,
         )
         self.request_queue_time = histogram(
-            "quire:request_queue_time_seconds",
+            "request_queue_time_seconds",
             "Time a request waited before it was first scheduled.",
             _E2E_BUCKETS,
         )

@@ -5,16 +5,7 @@ tests). Pool gauges are refreshed from the event loop (`update_pools`) rather th
 per Step: counting cached blocks walks the hash index, which is too slow for the
 Step path on large pools.
 
-Exposed series:
-
-    quire_mm_step_seconds                  histogram  time to serve one Step call
-    quire_mm_steps_total{executor}         counter    Step calls served
-    quire_mm_rpc_errors_total{method,code} counter    RPCs answered with an error status
-    quire_mm_executors                     gauge      executors registered
-    quire_mm_blocks_total{executor}        gauge      KV blocks in the pool
-    quire_mm_blocks_used{executor}         gauge      blocks with refcount > 0
-    quire_mm_blocks_cached{executor}       gauge      free blocks still findable by hash
-    quire_mm_redis_healthy                 gauge      1 while prefix publishing succeeds
+Names, types and labels: docs/metrics.md (`make docs-metrics` writes it from this registry).
 """
 
 from __future__ import annotations
@@ -40,33 +31,39 @@ class ManagerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.step_seconds = Histogram(
-            "quire_mm_step_seconds",
-            "Time to serve one Step call (allocation + translation), seconds.",
+            "quire_memory_manager_step_duration_seconds",
+            "Time to serve one Step call (allocation + translation).",
             buckets=STEP_BUCKETS,
             registry=self.registry,
         )
         self.rpc_errors = Counter(
-            "quire_mm_rpc_errors",
+            "quire_memory_manager_rpc_errors",
             "RPCs answered with an error status, by method and code.",
             ["method", "code"],
             registry=self.registry,
         )
         self.steps = Counter(
-            "quire_mm_steps",
+            "quire_memory_manager_steps",
             "Step calls served, by executor.",
             ["executor"],
             registry=self.registry,
         )
         self.executors = Gauge(
-            "quire_mm_executors", "Executors registered with this manager.", registry=self.registry
+            "quire_memory_manager_registered_executors",
+            "Executors registered with this manager.",
+            registry=self.registry,
         )
-        self.blocks_total = self._pool_gauge("quire_mm_blocks_total", "KV blocks in the pool.")
-        self.blocks_used = self._pool_gauge("quire_mm_blocks_used", "Blocks with refcount > 0.")
+        self.blocks_total = self._pool_gauge(
+            "quire_memory_manager_blocks", "KV blocks in the pool."
+        )
+        self.blocks_used = self._pool_gauge(
+            "quire_memory_manager_blocks_used", "Blocks with refcount > 0."
+        )
         self.blocks_cached = self._pool_gauge(
-            "quire_mm_blocks_cached", "Free blocks still findable by hash."
+            "quire_memory_manager_blocks_cached", "Free blocks still findable by hash."
         )
         self.redis_healthy = Gauge(
-            "quire_mm_redis_healthy",
+            "quire_memory_manager_redis_healthy",
             "1 while prefix publishing to Redis succeeds (or Redis is disabled), else 0.",
             registry=self.registry,
         )

@@ -1,21 +1,6 @@
 """Prometheus metrics of one router (its own registry, so several apps can share a process).
 
-Exposed series (counters with prometheus_client's `_total` suffix):
-
-    quire_router_requests_total{route,status}          HTTP requests
-    quire_router_request_duration_seconds{route}       histogram, arrival -> last byte sent
-    quire_router_routing_decisions_total{reason}       prefix_hit, consistent_hash, ...
-    quire_router_prompt_tokens_total                   prompt tokens sent to executors
-    quire_router_cached_prompt_tokens_total            of those, prefix-cache hits
-    quire_router_prefix_hit_ratio                      gauge, cached / prompt since start
-    quire_router_generation_tokens_total
-    quire_router_admission_rejections_total{code}      429 and 503 refusals
-    quire_router_executor_retries_total                re-routed after UNAVAILABLE
-    quire_router_time_to_first_token_seconds           histogram, arrival -> first token
-    quire_router_in_flight_requests                    gauge, executor requests open
-    quire_router_hash_params_mismatch                  gauge, 1 while executors of the model
-                                                       announce different block size/extra key
-    quire_router_hash_params_disagreeing_executors     gauge, executors outside the majority
+Names, types and labels: docs/metrics.md (`make docs-metrics` writes it from this registry).
 """
 
 from __future__ import annotations
@@ -96,6 +81,12 @@ class RouterMetrics:
         )
         self.in_flight = Gauge(
             "quire_router_in_flight_requests", "Executor requests in flight", registry=r
+        )
+        self.healthy_executors = Gauge(
+            "quire_router_healthy_executors",
+            "Executors this router can send work to (live, not draining, not marked down); "
+            "at 0 its /health answers 503. Set when /metrics is scraped.",
+            registry=r,
         )
         self.hash_params_mismatch = Gauge(
             "quire_router_hash_params_mismatch",

@@ -350,7 +350,7 @@ def test_autoscaling(rendered: dict[str, list[Doc]]) -> None:
     assert executor["scaleTargetRef"]["kind"] == "StatefulSet"
     (metric,) = executor["metrics"]
     assert metric["type"] == "Pods"
-    assert metric["pods"]["metric"]["name"] == "quire:num_requests_waiting"
+    assert metric["pods"]["metric"]["name"] == "quire_executor_num_requests_waiting"
     assert metric["pods"]["target"]["type"] == "AverageValue"
     keda = rendered["keda"]
     hpas = [d["metadata"]["name"] for d in keda if d["kind"] == "HorizontalPodAutoscaler"]
@@ -359,7 +359,7 @@ def test_autoscaling(rendered: dict[str, list[Doc]]) -> None:
     assert scaled["scaleTargetRef"]["name"] == "quire-executor"
     (trigger,) = scaled["triggers"]
     query = " ".join(trigger["metadata"]["query"].split())
-    assert query.startswith("sum(quire:num_requests_waiting") and "/ count(" in query
+    assert query.startswith("sum(quire_executor_num_requests_waiting") and "/ count(" in query
     assert trigger["metricType"] == "Value"  # the query is already a per-executor average
     assert trigger["metadata"]["threshold"] == metric["pods"]["target"]["averageValue"]
     assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (

@@ -216,28 +216,28 @@ def test_executor_metrics(stack: Stack, traffic: dict[str, Any]) -> None:
     scrapes = {name: scrape(url)[0] for name, url in executor_urls(stack).items()}
     for name, samples in scrapes.items():
         for gauge in (
-            "quire:num_requests_running",
-            "quire:num_requests_waiting",
-            "quire:kv_cache_usage_perc",
+            "quire_executor_num_requests_running",
+            "quire_executor_num_requests_waiting",
+            "quire_executor_kv_cache_usage_perc",
         ):
             assert (gauge, frozenset({("model_name", MODEL)})) in samples, (name, gauge)
-        assert total(samples, "quire:num_requests_running") == 0
+        assert total(samples, "quire_executor_num_requests_running") == 0
 
     def summed(metric: str) -> float:
         return sum(total(s, metric) for s in scrapes.values())
 
-    assert summed("quire:prompt_tokens_total") > 0
-    assert summed("quire:generation_tokens_total") >= 6 + 4 + 4
-    assert summed("quire:prefix_cache_queries_total") > 0
-    assert summed("quire:prefix_cache_hits_total") > 0
+    assert summed("quire_executor_prompt_tokens_total") > 0
+    assert summed("quire_executor_generation_tokens_total") >= 6 + 4 + 4
+    assert summed("quire_executor_prefix_cache_queries_total") > 0
+    assert summed("quire_executor_prefix_cache_hits_total") > 0
     for histogram in (
-        "quire:time_to_first_token_seconds_count",
-        "quire:e2e_request_latency_seconds_count",
-        "quire:request_queue_time_seconds_count",
+        "quire_executor_time_to_first_token_seconds_count",
+        "quire_executor_e2e_request_latency_seconds_count",
+        "quire_executor_request_queue_time_seconds_count",
     ):
         assert summed(histogram) >= 4, histogram
-    assert summed("quire:inter_token_latency_seconds_count") >= 4
-    preemptions = ("quire:num_preemptions_total", frozenset({("model_name", MODEL)}))
+    assert summed("quire_executor_inter_token_latency_seconds_count") >= 4
+    preemptions = ("quire_executor_num_preemptions_total", frozenset({("model_name", MODEL)}))
     assert all(preemptions in s for s in scrapes.values())
 
 
@@ -250,17 +250,20 @@ def test_memory_manager_metrics(stack: Stack, traffic: dict[str, Any]) -> None:
         # Pool gauges refresh every second. Finished requests leave their full blocks
         # cached (free, still findable by hash), none used.
         samples.update(scrape(url)[0])
-        used = total(samples, "quire_mm_blocks_used")
-        return used == 0 and total(samples, "quire_mm_blocks_cached") > 0
+        used = total(samples, "quire_memory_manager_blocks_used")
+        return used == 0 and total(samples, "quire_memory_manager_blocks_cached") > 0
 
     wait_until(idle_with_cached_blocks, what="idle pools with cached blocks")
-    assert total(samples, "quire_mm_step_seconds_count") > 0
-    assert total(samples, "quire_mm_steps_total") > 0
-    assert total(samples, "quire_mm_executors") == c.num_executors
+    assert total(samples, "quire_memory_manager_step_duration_seconds_count") > 0
+    assert total(samples, "quire_memory_manager_steps_total") > 0
+    assert total(samples, "quire_memory_manager_registered_executors") == c.num_executors
     for i in range(c.num_executors):
         executor = f"executor-{i}"
-        assert total(samples, "quire_mm_blocks_total", executor=executor) == c.num_kv_blocks
-        assert ("quire_mm_blocks_cached", frozenset({("executor", executor)})) in samples
+        assert total(samples, "quire_memory_manager_blocks", executor=executor) == c.num_kv_blocks
+        assert (
+            "quire_memory_manager_blocks_cached",
+            frozenset({("executor", executor)}),
+        ) in samples
 
 
 def test_dashboard_queries_only_live_metrics(stack: Stack, traffic: dict[str, Any]) -> None:

@@ -31,6 +31,9 @@ async def health(state: StateDep) -> JSONResponse:
 @router.get("/metrics")
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format."""
+    # Refresh a stale executor view first, so the gauge tells what /health would answer now.
+    await state.directory.view()
+    state.metrics.healthy_executors.set(len(state.directory.cached_usable_executors()))
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -319,20 +319,20 @@ def test_metrics_use_vllm_names_with_quire_prefix(
     assert local_executor.metrics is not None
     text = generate_latest(local_executor.metrics.registry).decode()
     for name in (
-        "quire:num_requests_running",
-        "quire:num_requests_waiting",
-        "quire:kv_cache_usage_perc",
-        "quire:num_preemptions_total",
-        "quire:prompt_tokens_total",
-        "quire:generation_tokens_total",
-        "quire:time_to_first_token_seconds_count",
-        "quire:e2e_request_latency_seconds_count",
+        "quire_executor_num_requests_running",
+        "quire_executor_num_requests_waiting",
+        "quire_executor_kv_cache_usage_perc",
+        "quire_executor_num_preemptions_total",
+        "quire_executor_prompt_tokens_total",
+        "quire_executor_generation_tokens_total",
+        "quire_executor_time_to_first_token_seconds_count",
+        "quire_executor_e2e_request_latency_seconds_count",
     ):
         assert f'{name}{{model_name="quire-tiny"' in text, name
     samples = {
         line.split("{")[0]: float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
-        if line.startswith("quire:") and "_total{" in line
+        if line.startswith("quire_executor_") and "_total{" in line
     }
-    assert samples["quire:prompt_tokens_total"] >= len(PROMPT)
-    assert samples["quire:generation_tokens_total"] >= 4
+    assert samples["quire_executor_prompt_tokens_total"] >= len(PROMPT)
+    assert samples["quire_executor_generation_tokens_total"] >= 4

@@ -1,4 +1,4 @@
-"""Executor metrics (vLLM's series with the quire: prefix) and the request ids of Step calls."""
+"""Executor metrics (vLLM's series as quire_executor_*) and the request ids of Step calls."""
 
 from __future__ import annotations
 
@@ -66,14 +66,14 @@ def test_load_gauges_and_totals_and_step_counts_become_counters() -> None:
     metrics.observe_step(step_stats(num_sampled=3, num_preempted=0))
     metrics.observe_load(ExecutorLoad(num_running=3, num_waiting=2, kv_blocks_total=8))
     got = samples(metrics)
-    assert got["quire:num_requests_running"] == 3
-    assert got["quire:num_requests_waiting"] == 2
-    assert got["quire:prefix_cache_queries_total"] == 32
-    assert got["quire:prefix_cache_hits_total"] == 16
-    assert got["quire:num_preemptions_total"] == 1
-    assert got["quire:generation_tokens_total"] == 7
+    assert got["quire_executor_num_requests_running"] == 3
+    assert got["quire_executor_num_requests_waiting"] == 2
+    assert got["quire_executor_prefix_cache_queries_total"] == 32
+    assert got["quire_executor_prefix_cache_hits_total"] == 16
+    assert got["quire_executor_num_preemptions_total"] == 1
+    assert got["quire_executor_generation_tokens_total"] == 7
     metrics.observe_load(ExecutorLoad(num_running=3, kv_blocks_total=8, kv_blocks_used=2))
-    assert samples(metrics)["quire:kv_cache_usage_perc"] == 0.25
+    assert samples(metrics)["quire_executor_kv_cache_usage_perc"] == 0.25
 
 
 def test_step_metadata_lists_request_ids_lifecycle_first() -> None:
@@ -150,12 +150,12 @@ def test_latency_histograms_and_prefix_counters_follow_requests(
     server.loop.fresh_load().result(10)
     assert server.metrics is not None
     got = samples(server.metrics)
-    assert got["quire:prompt_tokens_total"] == 2 * len(PROMPT)
-    assert got["quire:generation_tokens_total"] == 10
-    assert got["quire:prefix_cache_queries_total"] >= 2 * len(PROMPT) - 2
-    assert got["quire:prefix_cache_hits_total"] == 32
-    assert got["quire:time_to_first_token_seconds_count"] == 2
-    assert got["quire:request_queue_time_seconds_count"] == 2
-    assert got["quire:e2e_request_latency_seconds_count"] == 2
-    assert got["quire:inter_token_latency_seconds_count"] == 2 * 4  # 5 tokens, 4 gaps
-    assert got["quire:num_requests_running"] == 0
+    assert got["quire_executor_prompt_tokens_total"] == 2 * len(PROMPT)
+    assert got["quire_executor_generation_tokens_total"] == 10
+    assert got["quire_executor_prefix_cache_queries_total"] >= 2 * len(PROMPT) - 2
+    assert got["quire_executor_prefix_cache_hits_total"] == 32
+    assert got["quire_executor_time_to_first_token_seconds_count"] == 2
+    assert got["quire_executor_request_queue_time_seconds_count"] == 2
+    assert got["quire_executor_e2e_request_latency_seconds_count"] == 2
+    assert got["quire_executor_inter_token_latency_seconds_count"] == 2 * 4  # 5 tokens, 4 gaps
+    assert got["quire_executor_num_requests_running"] == 0

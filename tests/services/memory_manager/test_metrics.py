@@ -63,5 +63,5 @@ def test_step_lines_carry_request_ids_and_counters_follow(
         assert steps[0]["admitted_token_ids"] == {"a#0": [1, 2, 3, 4, 5]}
     else:
         assert all("admitted_token_ids" not in s for s in steps)
-    assert 'quire_mm_steps_total{executor="e1"} 3.0' in text
-    assert "quire_mm_step_seconds_count 3.0" in text
+    assert 'quire_memory_manager_steps_total{executor="e1"} 3.0' in text
+    assert "quire_memory_manager_step_duration_seconds_count 3.0" in text

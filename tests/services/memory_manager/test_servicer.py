@@ -116,11 +116,11 @@ def test_health_and_metrics() -> None:
             for step in SCENARIO[:3]:
                 allocator.step(step)
         text = httpx.get(f"http://127.0.0.1:{thread.server.metrics_port}/metrics").text
-        assert "quire_mm_step_seconds_count 3.0" in text
-        assert 'quire_mm_blocks_total{executor="e1"} 8.0' in text
-        assert 'quire_mm_blocks_used{executor="e1"}' in text
-        assert 'quire_mm_blocks_cached{executor="e1"}' in text
-        assert "quire_mm_executors 1.0" in text
+        assert "quire_memory_manager_step_duration_seconds_count 3.0" in text
+        assert 'quire_memory_manager_blocks{executor="e1"} 8.0' in text
+        assert 'quire_memory_manager_blocks_used{executor="e1"}' in text
+        assert 'quire_memory_manager_blocks_cached{executor="e1"}' in text
+        assert "quire_memory_manager_registered_executors 1.0" in text
     finally:
         thread.stop()
 

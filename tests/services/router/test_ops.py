@@ -84,6 +84,19 @@ def test_metrics_families(cluster: Cluster) -> None:
     assert 'quire_router_requests_total{route="/v1/completions",status="400"} 1.0' in text
 
 
+def test_healthy_executors_gauge_tells_what_health_answers(cluster: Cluster) -> None:
+    """The gauge behind the QuireNoHealthyExecutor alert, refreshed when /metrics is scraped."""
+    cluster.publish("ex-b", draining=True)
+    with cluster.router().http() as http:
+        assert http.get("/health").json()["executors"] == 2
+        assert "quire_router_healthy_executors 2.0" in http.get("/metrics").text
+    for executor_id in cluster.fakes:
+        cluster.publish(executor_id, model="some-other-model")
+    with cluster.router().http() as http:
+        assert "quire_router_healthy_executors 0.0" in http.get("/metrics").text
+        assert http.get("/health").status_code == 503
+
+
 def test_request_id_is_echoed(cluster: Cluster) -> None:
     router = cluster.router()
     with router.http() as http:

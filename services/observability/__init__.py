@@ -1,0 +1,1 @@
+"""What operators read about the services: the metrics reference and the alert rules."""
