@@ -13,6 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-structured bench-kernels bench-step loadtest gpu-check clean compose images chaos
 .PHONY: compose-up compose-down compose-test chaos-compose
 .PHONY: peer-vllm data kernels-cpu bench-routing gpu-kit
+.PHONY: docs-metrics promtool
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -30,6 +31,7 @@ help:
 	@echo "make gpu-check     on a GPU machine's python3: kernel tests, decode bandwidth, end to end"
 	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
+	@echo "make docs-metrics  regenerate docs/metrics.md from the services' metric registries"
 	@echo "make images        docker build the service images (VARIANT=cpu|cuda), no registry needed"
 	@echo "make compose-up    docker-compose up the stack (installs Docker if missing), waits for /health"
 	@echo "make compose-down  stop it"
@@ -122,6 +124,14 @@ down:
 compose: $(STAMP)
 	$(PY) -m services.stack compose
 
+# docs/metrics.md is generated from the services' metric registries (a test fails while stale).
+docs-metrics: $(STAMP)
+	$(PY) -m services.observability.metrics_reference
+
+# promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/alerts.yml.
+promtool:
+	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
+
 # The service images. CPU: Docker from Debian's packages if missing, a debootstrap base when
 # python:3.11-slim-bookworm cannot be pulled, torch from the local wheel pip's find-links holds,
 # Redis/Prometheus from Debian's packages when their images cannot be pulled (docs/compose.md).
@@ -162,7 +172,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint model data redis chromium $(CPU_KERNELS)
+test: lint model data redis chromium promtool $(CPU_KERNELS)
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # BENCH_ENGINE_ARGS passes options, e.g. --skip-hf --dtypes bfloat16.

@@ -1,8 +1,8 @@
 """JSON schemas for the custom resources in k8s/ (kubernetes-validate ships only built-ins).
 
 They cover exactly the fields the manifests use, closed with additionalProperties: false, so
-a typo fails; the shapes follow monitoring.coreos.com/v1 ServiceMonitor and keda.sh/v1alpha1
-ScaledObject.
+a typo fails; the shapes follow monitoring.coreos.com/v1 ServiceMonitor and PrometheusRule and
+keda.sh/v1alpha1 ScaledObject.
 """
 
 from __future__ import annotations
@@ -68,9 +68,67 @@ SERVICE_MONITOR = _resource(
                         "path": {"type": "string", "pattern": "^/"},
                         "interval": _DURATION,
                         "scrapeTimeout": _DURATION,
+                        "relabelings": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["targetLabel"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "sourceLabels": {"type": "array", "items": {"type": "string"}},
+                                    "targetLabel": {"type": "string"},
+                                    "regex": {"type": "string"},
+                                    "replacement": {"type": "string"},
+                                    "action": {"enum": ["replace", "keep", "drop"]},
+                                },
+                            },
+                        },
                     },
                 },
             },
+        },
+    },
+)
+
+PROMETHEUS_RULE = _resource(
+    "monitoring.coreos.com/v1",
+    "PrometheusRule",
+    {
+        "type": "object",
+        "required": ["groups"],
+        "additionalProperties": False,
+        "properties": {
+            "groups": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["name", "rules"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": _DURATION,
+                        "rules": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {
+                                "type": "object",
+                                "required": ["expr"],
+                                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "alert": {"type": "string", "minLength": 1},
+                                    "record": {"type": "string", "minLength": 1},
+                                    "expr": {"type": "string", "minLength": 1},
+                                    "for": _DURATION,
+                                    "labels": _STRING_MAP,
+                                    "annotations": _STRING_MAP,
+                                },
+                            },
+                        },
+                    },
+                },
+            }
         },
     },
 )
@@ -160,5 +218,6 @@ SCALED_OBJECT = _resource(
 
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
 }

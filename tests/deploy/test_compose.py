@@ -213,10 +213,14 @@ def test_prometheus_scrapes_every_metrics_port_of_the_stack(
     doc: dict[str, Any], specs: dict[str, ProcessSpec]
 ) -> None:
     prometheus = doc["services"]["prometheus"]
-    (config,) = [m for m in prometheus["volumes"] if m["type"] == "bind"]
-    assert config["target"] == "/etc/prometheus/prometheus.yml"
+    binds = {m["target"]: m["source"] for m in prometheus["volumes"] if m["type"] == "bind"}
+    config = binds["/etc/prometheus/prometheus.yml"]
     assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
-    scrape = yaml.safe_load((REPO / config["source"]).read_text())
+    scrape = yaml.safe_load((REPO / config).read_text())
+    # The alert rules, mounted where the config's relative rule_files entry points.
+    assert [binds[f"/etc/prometheus/{f}"] for f in scrape["rule_files"]] == [
+        "./deploy/prometheus/alerts.yml"
+    ]
     targets = {
         t
         for job in scrape["scrape_configs"]
