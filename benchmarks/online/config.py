@@ -12,6 +12,7 @@ REQUEST_TIMEOUT_S = 300.0
 SLO_LOAD_AXIS_MAX = 4.0
 # vLLM's CPU attention takes block sizes in multiples of 32 only: the nearest to Quire's 16.
 VLLM_BLOCK_SIZE = 32
+QUIRE_KV_BLOCKS = 2048  # per executor, unless QUIRE_NUM_KV_BLOCKS is set
 # vLLM's KV cache: about what Quire's two executors hold (2 x 2048 blocks of 16 tokens; for
 # SmolLM2-135M in float32, 45 KiB per token: 2.8 GiB).
 VLLM_KV_CACHE_GIB = 3  # the plot's SLO-load axis stops here; overload runs off the top

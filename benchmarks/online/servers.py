@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from typing import Any
 import httpx
 
 from benchmarks.online.client import QuireServer, TransformersServer, VLLMServer
-from benchmarks.online.config import REPO, VLLM_BLOCK_SIZE, VLLM_KV_CACHE_GIB
+from benchmarks.online.config import QUIRE_KV_BLOCKS, REPO, VLLM_BLOCK_SIZE, VLLM_KV_CACHE_GIB
 from services.stack.ports import free_port, stack_ports
 
 
@@ -26,7 +27,8 @@ def served_model(base_url: str) -> str:
 @contextlib.contextmanager
 def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
     """Quire's stack (Redis, memory manager, executors, router) on free ports; the rest of
-    its settings from QUIRE_STACK_* (`StackConfig.from_env`)."""
+    its settings from the environment (`StackConfig.from_env`), the KV pool
+    `QUIRE_KV_BLOCKS` blocks per executor unless QUIRE_NUM_KV_BLOCKS says otherwise."""
     from services.stack.runner import Stack
     from services.stack.spec import StackConfig
 
@@ -38,6 +40,8 @@ def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
         redis_prefix=f"quire-bench-{ports['executor_base_port']}",
         python=sys.executable,
     )
+    if config.num_kv_blocks is None:
+        config = dataclasses.replace(config, num_kv_blocks=QUIRE_KV_BLOCKS)
     stack = Stack(config, run_dir, cwd=REPO)
     stack.start(timeout_s=180)
     try:

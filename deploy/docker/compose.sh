@@ -11,7 +11,9 @@
 # Settings (environment): BASE_IMAGE (python:3.11-slim-bookworm), LOCAL_BASE_IMAGE
 # (quire-debian:bookworm-py3.11), TORCH_SOURCE (auto: the wheel pip's find-links holds, else the
 # index), QUIRE_COMPOSE_HEALTH_TIMEOUT_S (900), QUIRE_COMPOSE_SERVICES (the stack + Prometheus,
-# + Grafana when its image is here).
+# + Grafana when its image is here). QUIRE_MODEL, QUIRE_NUM_KV_BLOCKS, QUIRE_DTYPE choose the
+# model as for `make up` (docs/configuration.md); a QUIRE_MODEL that names a directory on this
+# machine is mounted into the containers at the same path (deploy/compose.model.yaml).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export COMPOSE_PROJECT_NAME=quire
@@ -131,7 +133,32 @@ grafana_password() {
     export GRAFANA_ADMIN_PASSWORD
 }
 
-compose() { grafana_password; docker-compose $(cat "$STATE/files" 2>/dev/null || echo -f compose.yaml) "$@"; }
+compose() {
+    local files model=""
+    files=$(cat "$STATE/files" 2>/dev/null || echo -f compose.yaml)
+    # A QUIRE_MODEL that is a directory on this machine: its absolute path, mounted read-only
+    # at that same path in the router and the executors. Anything else is a path in the image.
+    if [ -n "${QUIRE_MODEL:-}" ] && [ -d "$QUIRE_MODEL" ]; then
+        QUIRE_MODEL=$(realpath "$QUIRE_MODEL")
+        export QUIRE_MODEL
+        model="-f deploy/compose.model.yaml"
+    fi
+    grafana_password
+    # shellcheck disable=SC2086
+    docker-compose $files $model "$@"
+}
+
+# The first Quire container that has restarted, if any: one that exits at start (a QUIRE_MODEL
+# that is not a supported checkpoint, a bad setting) restarts forever under `unless-stopped`.
+restarted() {
+    local id
+    for id in $(compose ps -q 2>/dev/null); do
+        if [ "$($DOCKER inspect -f '{{.RestartCount}}' "$id" 2>/dev/null || echo 0)" -gt 0 ]; then
+            echo "$id"
+            return
+        fi
+    done
+}
 
 services() {
     if [ -n "${QUIRE_COMPOSE_SERVICES:-}" ]; then echo "$QUIRE_COMPOSE_SERVICES"; return; fi
@@ -147,7 +174,13 @@ services() {
 wait_healthy() {  # $1: when `up` began (SECONDS), for the time to healthy
     local start=${1:-$SECONDS}
     log "waiting for $ROUTER_URL/health (at most $HEALTH_TIMEOUT_S s) "
+    local crashed
     until curl -sf "$ROUTER_URL/health" >/dev/null 2>&1; do
+        crashed=$(restarted)
+        if [ -n "$crashed" ]; then
+            $DOCKER logs --tail 20 "$crashed" >&2 || true
+            die "$($DOCKER inspect -f '{{.Name}}' "$crashed" | tr -d /) exited at start (its log above)"
+        fi
         if [ $((SECONDS - start)) -ge "$HEALTH_TIMEOUT_S" ]; then
             compose ps >&2; compose logs --tail=30 >&2
             die "the router was not healthy after $HEALTH_TIMEOUT_S s"
@@ -169,15 +202,17 @@ up() {
     # shellcheck disable=SC2046
     compose up -d --no-build $(services) || die "docker-compose up failed"
     wait_healthy "$start"
-    cat <<'EXAMPLE'
+    local served
+    served=$(basename "${QUIRE_MODEL:-/models/smollm2-135m-instruct}")
+    cat <<EXAMPLE
 
-Quire is up (docker-compose project "quire"). The README's example:
+Quire is up (docker-compose project "quire", model $served). The README's example:
 
-curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \
-  -d '{"model": "smollm2-135m-instruct", "messages": [{"role": "user",
+curl $ROUTER_URL/v1/chat/completions -H 'Content-Type: application/json' \\
+  -d '{"model": "$served", "messages": [{"role": "user",
        "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
 
-`make compose-test` checks the stack, `make chaos-compose` injects faults, `make compose-down` stops it.
+\`make compose-test\` checks the stack, \`make chaos-compose\` injects faults, \`make compose-down\` stops it.
 EXAMPLE
 }
 

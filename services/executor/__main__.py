@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 import structlog
 
+from services.common import cli
 from services.executor.logs import configure_logging
 from services.executor.server import ExecutorServer
 from services.executor.settings import ExecutorSettings, parse_settings
@@ -49,6 +50,7 @@ async def serve(settings: ExecutorSettings) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
+    cli.check_model_setting("executor", ExecutorSettings, settings.model, need_weights=True)
     configure_logging(settings.log_level)
     return asyncio.run(serve(settings))
 

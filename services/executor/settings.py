@@ -5,8 +5,9 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.common import cli
@@ -55,7 +56,9 @@ class ExecutorSettings(BaseSettings):
     redis_prefix: str = Field(default="quire", description="prefix of every Redis key")
     num_kv_blocks: int | None = Field(
         default=None,
-        description="KV pool size in blocks (default: sized from memory like the engine)",
+        ge=1,
+        description="KV pool size in blocks (unset or '': sized from memory, 2 GiB on CPU, 90% "
+        "of the free GPU memory on CUDA)",
     )
     block_size: int = Field(default=16, description="tokens per KV block")
     max_num_seqs: int = Field(default=256, description="most sequences running at once")
@@ -67,7 +70,7 @@ class ExecutorSettings(BaseSettings):
         default=True, description="share full prompt blocks by hash"
     )
     device: str = Field(default="auto", description="auto, cpu or cuda[:N]")
-    dtype: str = Field(
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         default="auto",
         description="auto (bfloat16 on CUDA and on CPUs with native bf16, else float32), "
         "float32, bfloat16 or float16",
@@ -95,6 +98,12 @@ class ExecutorSettings(BaseSettings):
     tls_ca: str = Field(
         default="", description="PEM CA bundle: dial the memory manager over TLS ('' = plaintext)"
     )
+
+    @field_validator("num_kv_blocks", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # compose passes ${QUIRE_NUM_KV_BLOCKS:-}: an empty value means "size from memory"
+        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
     def _check_tls(self) -> ExecutorSettings:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import structlog
@@ -22,12 +23,17 @@ def parse_settings(argv: Sequence[str] | None = None) -> RouterSettings:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
+    cli.check_model_setting("router", RouterSettings, settings.model, need_weights=False)
     configure_logging(settings.log_level)
     from services.router.main import create_app
 
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # a setting the router cannot start with (tokenizer, keys file)
+        print(f"router: error: {' '.join(str(exc).split())}", file=sys.stderr, flush=True)
+        return 2
     structlog.get_logger("router").info(
         "router starting",
         host=settings.host,
@@ -45,7 +51,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=False,
         timeout_graceful_shutdown=5,
     )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

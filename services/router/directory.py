@@ -102,6 +102,7 @@ class ExecutorDirectory:
         self._redis_retry_at = 0.0
         self._down_until: dict[str, float] = {}
         self._missing_since: dict[str, float] = {}
+        self._other_models: set[tuple[str, str]] = set()  # (executor id, model) logged
 
     async def close(self) -> None:
         if self.redis is not None:
@@ -193,6 +194,15 @@ class ExecutorDirectory:
                 continue
             if record.model in self.model_names:
                 records.append(record)
+            elif (executor_id, record.model) not in self._other_models:
+                # Router and executors were given different QUIRE_MODEL values: say so once.
+                self._other_models.add((executor_id, record.model))
+                log.warning(
+                    "executor serves another model; not routing to it",
+                    executor_id=executor_id,
+                    executor_model=record.model,
+                    router_models=sorted(self.model_names),
+                )
         await self._forget_dead(missing, now)
         records.sort(key=lambda r: r.executor_id)
         return ClusterView(records, "redis", tuple(sorted(missing)))

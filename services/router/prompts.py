@@ -18,7 +18,9 @@ def load_tokenizer(model: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(model, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load the tokenizer from {model!r}: {exc}") from exc
+        raise ValueError(
+            f"QUIRE_MODEL / --model = {model!r}: cannot load the tokenizer: {exc}"
+        ) from exc
 
 
 class PromptProcessor:

@@ -33,7 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     if (args.run_dir / "pids.json").is_file():
         print("a stack is already up (run `make down` first)", file=sys.stderr)
         return 1
-    config = StackConfig.from_env()
+    try:
+        config = StackConfig.from_env()
+    except ValueError as exc:
+        print(f"make up: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"model {config.model} (QUIRE_MODEL), {config.num_executors} executors", flush=True)
     stack = Stack(config, args.run_dir)
     try:
         stack.start(progress=True)

@@ -1,8 +1,10 @@
 """compose.yaml, rendered from the same process list as `make up` (`stack_processes`).
 
 Each process becomes one Compose service with the same argv (image entrypoint + command) and
-the same environment, `CONTAINER_CONFIG` mapping 127.0.0.1 to 0.0.0.0 / service names. Only
-the router publishes a port. Services that are not part of the stack (Prometheus, Grafana,
+the same environment, `CONTAINER_CONFIG` mapping 127.0.0.1 to 0.0.0.0 / service names. The
+variables that choose the model (QUIRE_MODEL, QUIRE_NUM_KV_BLOCKS, QUIRE_DTYPE) are written as
+`${NAME:-default}`, so `QUIRE_MODEL=... docker compose up` reaches the router and the executors
+alike. Only the router publishes a port. Services that are not part of the stack (Prometheus, Grafana,
 ...) go in `deploy/compose/*.yaml` fragments: their `services`, `volumes`, `networks`,
 `configs` and `secrets` are merged in, file by file, in name order.
 
@@ -20,6 +22,7 @@ import yaml
 
 from services.stack.spec import (
     CONTAINER_CONFIG,
+    SERVICE_VARIABLES,
     HealthCheck,
     ProcessSpec,
     StackConfig,
@@ -44,6 +47,8 @@ HEADER = (
     "# Generated from services/stack/spec.py by `make compose`: do not edit by hand.\n"
     "# The same process list as `make up`. Add other services in deploy/compose/*.yaml.\n"
     "# docker compose -p quire up --build   # router on http://127.0.0.1:8000\n"
+    "# QUIRE_MODEL, QUIRE_NUM_KV_BLOCKS and QUIRE_DTYPE choose the model, its KV pool and dtype;\n"
+    "# a checkpoint on this machine: add -f deploy/compose.model.yaml (docs/configuration.md).\n"
 )
 
 
@@ -71,6 +76,14 @@ def published_ports(c: StackConfig) -> dict[str, int]:
     return {"router": c.router_port}
 
 
+def environment_value(name: str, value: str) -> str:
+    """A variable that chooses the model as `${NAME:-value}` (the caller's value, else the
+    stack's); any other as it is."""
+    if name in SERVICE_VARIABLES.values():
+        return f"${{{name}:-{value}}}"
+    return value
+
+
 def compose_service(spec: ProcessSpec, c: StackConfig) -> dict[str, Any]:
     """One process as a Compose service."""
     service: dict[str, Any] = {}
@@ -84,8 +97,8 @@ def compose_service(spec: ProcessSpec, c: StackConfig) -> dict[str, Any]:
         service["entrypoint"] = list(spec.argv[:3])  # equals the image's ENTRYPOINT
         service["command"] = list(spec.argv[3:])
     if spec.env:
-        service["environment"] = dict(spec.env)
-    if c.model in spec.argv:
+        service["environment"] = {k: environment_value(k, v) for k, v in spec.env.items()}
+    if "QUIRE_MODEL" in spec.env:
         service["volumes"] = [
             {"type": "volume", "source": MODELS_VOLUME, "target": posixpath.dirname(c.model)}
         ]

@@ -88,8 +88,9 @@ class Stack:
         while time.monotonic() < deadline:
             proc = self.procs[name]
             if proc.poll() is not None:
-                tail = self.log_path(name).read_text(errors="replace")[-3000:]
-                raise StackError(f"{name} exited with {proc.returncode}:\n{tail}")
+                log = self.log_path(name)
+                tail = log.read_text(errors="replace")[-3000:]
+                raise StackError(f"{name} exited with {proc.returncode} (log: {log}):\n{tail}")
             ok = _tcp_ready(self.config.host, int(target)) if kind == "tcp" else _http_ready(target)
             if ok:
                 return

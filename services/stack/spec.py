@@ -10,20 +10,48 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+# Fields the services themselves read, under the services' own variable names: the one way to
+# choose the model, its KV pool and dtype, the same for `make up`, compose and Kubernetes
+# (docs/configuration.md, "Choosing the model"). Every other field is QUIRE_STACK_<FIELD>.
+SERVICE_VARIABLES = {
+    "model": "QUIRE_MODEL",
+    "num_kv_blocks": "QUIRE_NUM_KV_BLOCKS",
+    "executor_dtype": "QUIRE_DTYPE",
+}
+
+
+def env_variable(name: str) -> str:
+    """The environment variable of StackConfig field `name`."""
+    return SERVICE_VARIABLES.get(name, f"QUIRE_STACK_{name.upper()}")
+
+
+def _parse_env(variable: str, kind: str, raw: str) -> object:
+    try:
+        if kind == "bool":
+            return raw.lower() in ("1", "true", "yes", "on")
+        if kind == "int":
+            return int(raw)
+        if kind == "int | None":
+            return int(raw) if raw.strip() else None
+    except ValueError:
+        raise ValueError(f"{variable}={raw!r} is not an integer") from None
+    return raw
 
 
 @dataclass(frozen=True)
 class StackConfig:
-    """Ports and sizes of a local stack. Every field can be set by a QUIRE_STACK_* variable."""
+    """Ports and sizes of a local stack. Each field has an environment variable: QUIRE_MODEL,
+    QUIRE_NUM_KV_BLOCKS and QUIRE_DTYPE (the services' own), QUIRE_STACK_<FIELD> for the rest."""
 
     host: str = "127.0.0.1"  # every process binds here
     # Containers: processes reach each other at their names (redis, memory-manager,
     # executor-N) instead of at `host`, and executors advertise that name to routers.
     address_by_name: bool = False
-    model: str = (
-        "models/smollm2-135m-instruct"  # checkpoint served by executors, tokenizer for the router
-    )
+    # QUIRE_MODEL: checkpoint the executors serve and the router tokenizes with
+    model: str = "models/smollm2-135m-instruct"
     router_port: int = 8000  # the only port meant for clients
     redis_port: int = 6379
     memory_manager_port: int = 50051
@@ -31,7 +59,8 @@ class StackConfig:
     memory_manager_metrics_port: int = 9151  # Prometheus /metrics of the memory manager
     executor_base_metrics_port: int = 9161  # executor i serves /metrics on base + i
     num_executors: int = 2
-    num_kv_blocks: int = 2048  # per executor
+    # QUIRE_NUM_KV_BLOCKS, per executor; None: the executor sizes its pool from memory
+    num_kv_blocks: int | None = None
     # torch CPU threads per executor; 0: this machine's cores split evenly between executors;
     # -1: no flag, the executor's own setting (QUIRE_TORCH_THREADS, else torch's default)
     executor_torch_threads: int = 0
@@ -39,7 +68,7 @@ class StackConfig:
     # instead of the scheduler's whim; for benchmarks, with executor_torch_threads=1.
     pin_executors: bool = False
     routing_policy: str = "prefix"  # the router's --routing-policy
-    executor_dtype: str = ""  # executors' --dtype ('' = their default, auto)
+    executor_dtype: str = "auto"  # QUIRE_DTYPE: the executors' dtype
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
     max_pending_total: int = 1024  # router admission: in-flight requests overall
     redis_prefix: str = "quire"
@@ -47,19 +76,35 @@ class StackConfig:
     redis_server: str = "redis-server"
 
     @classmethod
-    def from_env(cls, **overrides: object) -> StackConfig:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:
+        """The config `environ` (default: os.environ) describes, then `overrides`. ValueError
+        for a value that is not of its field's type, or a variable of the wrong name."""
+        env = os.environ if environ is None else environ
+        for name, variable in SERVICE_VARIABLES.items():
+            if f"QUIRE_STACK_{name.upper()}" in env:
+                raise ValueError(
+                    f"QUIRE_STACK_{name.upper()} is not read: set {variable}, which the "
+                    "services read too (docs/configuration.md)"
+                )
         values: dict[str, object] = {}
         for name, f in cls.__dataclass_fields__.items():
-            env = os.environ.get(f"QUIRE_STACK_{name.upper()}")
-            if env is not None:
-                if f.type == "int":
-                    values[name] = int(env)
-                elif f.type == "bool":
-                    values[name] = env.lower() in ("1", "true", "yes", "on")
-                else:
-                    values[name] = env
+            variable = env_variable(name)
+            raw = env.get(variable)
+            # The services' variables: empty is unset, as compose's ${QUIRE_MODEL:-...} reads it
+            if raw is None or (name in SERVICE_VARIABLES and not raw.strip()):
+                continue
+            values[name] = _parse_env(variable, str(f.type), raw)
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
+
+    @property
+    def executor_env(self) -> dict[str, str]:
+        """What the executors are told through their own variables (SERVICE_VARIABLES)."""
+        return {
+            "QUIRE_MODEL": self.model,
+            "QUIRE_NUM_KV_BLOCKS": "" if self.num_kv_blocks is None else str(self.num_kv_blocks),
+            "QUIRE_DTYPE": self.executor_dtype,
+        }
 
     def address(self, name: str) -> str:
         """Where the other processes reach process `name`."""
@@ -173,23 +218,17 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
             str(port),
             "--executor-id",
             name,
-            "--model",
-            c.model,
             "--memory-manager",
             f"{c.address('memory-manager')}:{c.memory_manager_port}",
             "--redis-url",
             c.redis_url,
             "--redis-prefix",
             c.redis_prefix,
-            "--num-kv-blocks",
-            str(c.num_kv_blocks),
             "--metrics-port",
             str(c.executor_base_metrics_port + i),
         ]
         if c.torch_threads is not None:
             argv += ["--torch-threads", str(c.torch_threads)]
-        if c.executor_dtype:
-            argv += ["--dtype", c.executor_dtype]
         if c.pin_executors:
             argv = ["taskset", "-c", str(i % (os.cpu_count() or 1)), *argv]
         if c.address_by_name:
@@ -200,6 +239,7 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
             ProcessSpec(
                 name,
                 argv,
+                env=c.executor_env,
                 ready=("tcp", str(port)),
                 depends_on=("redis", "memory-manager"),
                 health=HealthCheck("grpc", port),
@@ -216,8 +256,6 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 c.host,
                 "--port",
                 str(c.router_port),
-                "--model",
-                c.model,
                 "--redis-url",
                 c.redis_url,
                 "--redis-prefix",
@@ -230,6 +268,7 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 f"{c.address('memory-manager')}:{c.memory_manager_port}",
                 *(["--routing-policy", c.routing_policy] if c.routing_policy != "prefix" else []),
             ],
+            env={"QUIRE_MODEL": c.model},  # the executors' model: its tokenizer and name
             ready=("http", f"{c.router_url}/health"),
             depends_on=("redis", "memory-manager", *executors),
             health=HealthCheck("http", c.router_port, "/health"),

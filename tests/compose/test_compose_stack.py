@@ -6,10 +6,12 @@ import json
 import random
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.compose.conftest import compose, container_id, docker
 
@@ -22,6 +24,7 @@ README_CHAT = {
     "temperature": 0,
 }
 GRAFANA_IMAGE = "grafana/grafana:12.1.1"
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 
 
 def test_readme_chat_example_answers_with_the_real_model(router_url: str) -> None:
@@ -107,6 +110,20 @@ def test_prometheus_scrapes_every_quire_target_and_reports_them_up() -> None:
         time.sleep(2)
     assert set(health) == expected, health
     assert all(h == "up" for h in health.values()), health
+
+
+def test_prometheus_loads_every_alert_rule() -> None:
+    prometheus = container_id("prometheus")
+    assert prometheus, "the prometheus service has no container"
+    done = docker("exec", prometheus, "wget", "-qO-", "http://127.0.0.1:9090/api/v1/rules")
+    assert done.returncode == 0, done.stderr
+    loaded = {
+        (group["name"], rule["name"])
+        for group in json.loads(done.stdout)["data"]["groups"]
+        for rule in group["rules"]
+    }
+    groups = yaml.safe_load(ALERTS.read_text())["groups"]
+    assert loaded == {(g["name"], r["alert"]) for g in groups for r in g["rules"]}
 
 
 def test_grafana_runs_where_its_image_exists_and_is_left_out_where_not() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,25 @@ SCHEMA = json.loads((REPO / "deploy" / "schemas" / "compose-spec.json").read_tex
 LOCAL = StackConfig(python="/usr/bin/python3", model="models/quire-tiny")
 # Services added by deploy/compose/*.yaml fragments, after the stack's processes.
 FRAGMENT_SERVICES = ["prometheus", "grafana"]
+
+
+def interpolate(value: str, env: Mapping[str, str]) -> str:
+    """Compose's `${NAME}`, `${NAME:-default}` and `${NAME:?error}` under `env`."""
+
+    def one(match: re.Match[str]) -> str:
+        name, op, arg = match.group(1), match.group(2), match.group(3)
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise ValueError(arg)
+        return arg if op == ":-" else env.get(name, "")
+
+    return re.sub(r"\$\{(\w+)(?:(:-|:\?)([^}]*))?\}", one, value)
+
+
+def service_env(service: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a container of `service` gets when compose runs under `env`."""
+    return {k: interpolate(v, env) for k, v in service.get("environment", {}).items()}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +88,7 @@ def test_every_service_runs_the_stack_argv_and_env(
         service = doc["services"][name]
         argv = [*service.get("entrypoint", []), *service["command"]]
         assert argv == spec.argv, name
-        assert service.get("environment", {}) == spec.env, name
+        assert service_env(service, {}) == spec.env, name
         if name != "redis":
             target = spec.argv[2].removeprefix("services.").replace("_", "-")
             assert service["build"]["target"] == target
@@ -82,7 +103,6 @@ def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
     container = {p.name: p.argv for p in stack_processes(c)}
     mapping = {
         LOCAL.python: "python",
-        LOCAL.model: "/models/smollm2-135m-instruct",
         "redis://127.0.0.1:6379/0": "redis://redis:6379/0",
         "127.0.0.1:50051": "memory-manager:50051",
     }
@@ -103,6 +123,64 @@ def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
         assert container[name] == expected, name
     # Nothing in the container argv points at the loopback any more.
     assert not any("127.0.0.1" in arg for argv in container.values() for arg in argv)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {},
+        {"QUIRE_MODEL": "/models/other", "QUIRE_NUM_KV_BLOCKS": "512", "QUIRE_DTYPE": "bfloat16"},
+    ],
+)
+def test_the_model_variables_reach_the_router_and_every_executor(
+    doc: dict[str, Any], specs: dict[str, ProcessSpec], env: dict[str, str]
+) -> None:
+    """`QUIRE_MODEL=... docker compose up`: the router and the executors serve what the caller
+    names, as `make up` would (StackConfig.from_env); unset, the stack's defaults."""
+    expected = StackConfig.from_env(env)
+    for name, spec in specs.items():
+        if name in ("redis", "memory-manager"):
+            assert "QUIRE_MODEL" not in doc["services"][name].get("environment", {})
+            continue
+        container_env = service_env(doc["services"][name], env)
+        settings = service_flags.parse(spec.argv[2], spec.argv[3:], container_env)
+        assert settings.model == env.get("QUIRE_MODEL", CONTAINER_CONFIG.model), name
+        if name.startswith("executor-"):
+            assert settings.num_kv_blocks == expected.num_kv_blocks
+            assert settings.dtype == expected.executor_dtype
+
+
+def test_the_kv_pool_is_sized_by_the_executor_unless_chosen(doc: dict[str, Any]) -> None:
+    """No block count is written into the files: unset, each executor sizes its pool from
+    memory (90% of the free GPU memory under deploy/compose.gpu.yaml)."""
+    gpu = yaml.safe_load((REPO / "deploy" / "compose.gpu.yaml").read_text())
+    for name, service in doc["services"].items():
+        if name.startswith("executor-"):
+            assert "--num-kv-blocks" not in service["command"]
+            executor_env = service_env(service, {})
+            settings = service_flags.parse("services.executor", service["command"], executor_env)
+            assert settings.num_kv_blocks is None
+            assert "QUIRE_NUM_KV_BLOCKS" not in gpu["services"][name].get("environment", {})
+
+
+def test_a_checkpoint_on_the_host_is_mounted_where_quire_model_names_it(
+    doc: dict[str, Any], specs: dict[str, ProcessSpec]
+) -> None:
+    override = yaml.safe_load((REPO / "deploy" / "compose.model.yaml").read_text())
+    jsonschema.Draft7Validator(SCHEMA).validate(override)
+    readers = {name for name, spec in specs.items() if "QUIRE_MODEL" in spec.env}
+    assert set(override["services"]) == readers == {"executor-0", "executor-1", "router"}
+    env = {"QUIRE_MODEL": "/srv/checkpoints/llama"}
+    for name, service in override["services"].items():
+        (mount,) = service["volumes"]
+        assert mount["type"] == "bind" and mount["read_only"] is True
+        assert interpolate(mount["source"], env) == interpolate(mount["target"], env)
+        assert (
+            interpolate(mount["target"], env)
+            == service_env(doc["services"][name], env)["QUIRE_MODEL"]
+        )
+        with pytest.raises(ValueError, match="set QUIRE_MODEL"):
+            interpolate(mount["source"], {})
 
 
 def test_local_executors_split_the_cores() -> None:

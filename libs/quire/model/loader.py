@@ -1,44 +1,14 @@
-"""Find and read a local Hugging Face checkpoint: config, safetensors (sharded or not)."""
+"""Read a local Hugging Face checkpoint: config and safetensors weights (sharded or not)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from quire.model.checkpoint import resolve_model_path, safetensors_files
 from quire.model.config import ModelConfig
-
-
-def resolve_model_path(model: str | Path) -> Path:
-    """Return the checkpoint directory or raise ValueError naming what is missing."""
-    path = Path(model).expanduser()
-    if not path.exists():
-        raise ValueError(
-            f"model path {str(model)!r} does not exist (Quire loads local checkpoints only)"
-        )
-    if not path.is_dir():
-        raise ValueError(f"model path {str(model)!r} is not a directory")
-    if not (path / "config.json").is_file():
-        raise ValueError(f"model path {str(model)!r} has no config.json")
-    return path
-
-
-def safetensors_files(path: Path) -> list[Path]:
-    """The checkpoint's weight files: from the shard index if there is one."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        files = sorted({path / name for name in weight_map.values()})
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"checkpoint {str(path)!r} is missing shard files: {missing}")
-        return files
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"checkpoint {str(path)!r} has no *.safetensors weight files")
-    return files
 
 
 def load_state_dict(

@@ -1,0 +1,73 @@
+"""What makes a directory a checkpoint Quire can serve: config.json naming a supported
+architecture, and safetensors weights (sharded or not).
+
+Nothing here imports torch, so services check their model setting with `checkpoint_problem`
+before they load anything, and fail in a second with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from quire.model.config import SUPPORTED_ARCHITECTURES
+
+
+def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str | None:
+    """What keeps `model` from loading as a checkpoint directory, or None when nothing does.
+
+    Checks, in order: the path exists and is a directory, its config.json parses and names a
+    supported architecture, and (with `need_weights`) its *.safetensors files are there. The
+    answer completes a sentence about the path: "does not exist (...)", "has no config.json".
+    """
+    path = Path(model).expanduser()
+    if not path.exists():
+        return "does not exist (Quire loads local checkpoint directories, never downloads)"
+    if not path.is_dir():
+        return "is not a directory (a checkpoint is a directory with config.json)"
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return "has no config.json (not a Hugging Face checkpoint directory)"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return f"has a config.json that cannot be read: {exc}"
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if not isinstance(architectures, list) or not architectures:
+        architectures = []
+    if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
+        found = ", ".join(map(str, architectures)) or "none named in config.json"
+        return (
+            f"has an unsupported architecture ({found}); "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    if need_weights:
+        try:
+            safetensors_files(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError: ValueError
+            return f"has unusable weights: {exc}"
+    return None
+
+
+def resolve_model_path(model: str | Path) -> Path:
+    """Return the checkpoint directory or raise ValueError naming what is wrong with it."""
+    problem = checkpoint_problem(model, need_weights=False)
+    if problem is not None:
+        raise ValueError(f"model path {str(model)!r} {problem}")
+    return Path(model).expanduser()
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The checkpoint's weight files: from the shard index if there is one."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted({path / name for name in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"checkpoint {str(path)!r} is missing shard files: {missing}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"checkpoint {str(path)!r} has no *.safetensors weight files")
+    return files
