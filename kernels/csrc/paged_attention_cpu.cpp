@@ -51,7 +51,12 @@
 #include <utility>
 #include <vector>
 
+#include "cpu_features.h"
+
 namespace {
+
+using quire_cpu::can_use_avx512_bf16;
+using quire_cpu::kHasAvx512;
 
 // Query rows per tile: big enough that widening a bf16 block is shared by many rows, small
 // enough that a tile's accumulators stay in L1/L2 and a long prompt still splits into many
@@ -152,13 +157,6 @@ struct Scratch {
 // that each row's scores are block_size-wide vector FMAs; below it (decode: group_size rows),
 // the transpose would cost more than it saves and each score is a head_dim-wide dot product.
 constexpr int kMinRowsToTranspose = 8;
-
-// Whether the AVX-512 paths (16-slot blocks, head_dim a multiple of 16) are compiled in.
-#if defined(__AVX512F__)
-constexpr bool kHasAvx512 = true;
-#else
-constexpr bool kHasAvx512 = false;
-#endif
 
 // a . b over head_dim values. With a compile-time head_dim that is a multiple of 16 the sum
 // runs in 16 lanes and ends in a tree (16 -> 8 -> 4 -> 2 -> 1): the compiler's own reduction
@@ -265,13 +263,6 @@ void score_block16_avx512(const float* q, int num_rows, const scalar_t* keys,
     }
     _mm512_storeu_ps(scores + row * score_stride, sum_lanes16(acc));
   }
-}
-
-// Whether this CPU has AVX512_BF16 (vdpbf16ps), checked once at run time: the library is
-// built for x86-64-v4, which does not include it.
-inline bool cpu_has_avx512_bf16() {
-  static const bool has = __builtin_cpu_supports("avx512bf16");
-  return has;
 }
 
 // score_block16_avx512 for bfloat16 caches with AVX512_BF16: vdpbf16ps multiplies pairs of
@@ -619,7 +610,7 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
       std::copy_n(q, kHeadDim, s.query_bf16.data() + static_cast<int64_t>(g) * kHeadDim);
     }
   }
-  const bool bf16_dot = kBf16Dot && cpu_has_avx512_bf16();
+  const bool bf16_dot = kBf16Dot && can_use_avx512_bf16();
   const int32_t* table = p.block_tables + tile.seq * p.table_stride;
   const int64_t head_offset = tile.kv_head * p.cache_head_stride;
 
@@ -702,7 +693,8 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
       }
     }
   }
-  const bool bf16_dot = kBf16Dot && !transpose_keys && cpu_has_avx512_bf16();
+  // read only by the AVX-512 scoring below, which a build without AVX-512 leaves out
+  [[maybe_unused]] const bool bf16_dot = kBf16Dot && !transpose_keys && can_use_avx512_bf16();
   std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
   std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
   std::fill_n(s.row_sum.data(), num_rows, 0.0f);

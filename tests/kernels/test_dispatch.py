@@ -121,8 +121,8 @@ def _fresh_cpp_loader() -> Iterator[None]:
 def test_a_missing_library_is_logged_once(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(cpp_build, "LIBRARY_PATH", tmp_path / "missing.so")
-    monkeypatch.setattr(cpp_build, "MANIFEST_PATH", tmp_path / "manifest.json")
+    monkeypatch.setattr(cpp_build, "BUILD_DIR", tmp_path / "missing")
+    monkeypatch.delenv(cpp_attention.VARIANT_ENV_VAR, raising=False)
     with caplog.at_level(logging.WARNING, logger=cpp_attention.__name__):
         assert not cpp_attention.is_available()
         assert not cpp_attention.is_available()
@@ -135,7 +135,7 @@ def test_a_missing_library_is_logged_once(
 
 @pytest.mark.usefixtures("_fresh_cpp_loader")
 def test_a_stale_library_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    if cpp_build.read_manifest() is None:
+    if not cpp_build.built_variants():
         pytest.skip("C++ CPU kernels not built")
     monkeypatch.setattr(cpp_build, "source_sha256", lambda: "0" * 64)
     reason = cpp_attention.unavailable_reason()

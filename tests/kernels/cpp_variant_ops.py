@@ -1,0 +1,211 @@
+"""Seeded calls of every op in torch.ops.quire_cpu and their torch references, for comparing
+the builds of the C++ library (one per x86-64 level) with each other.
+
+A process loads one variant only (they register the same op names), so test_cpp_variants.py
+runs this module once per variant, which writes the C++ results to a safetensors file:
+
+    QUIRE_CPU_KERNELS_VARIANT=x86-64-v3 python -m tests.kernels.cpp_variant_ops OUT
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from quire.kernels import cpp_attention, fused, linear, reference
+from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
+
+DTYPES = (torch.float32, torch.bfloat16)
+# (num_heads, num_kv_heads): SmolLM2-135M's GQA 3 and MHA.
+HEAD_SHAPES = ((9, 3), (4, 4))
+# 16-slot blocks take the AVX-512 paths of an x86-64-v4 build, 8-slot ones the generic loops.
+BLOCK_SIZES = (16, 8)
+DECODE_CONTEXT_LENS = (1, 15, 16, 17, 65, 300)
+PREFILL_CHUNKS = ((0, 17), (15, 18), (5, 70), (40, 1), (100, 80))  # (cached prefix, chunk)
+NORM_EPS = 1e-5
+LINEAR_SHAPE = (5, 100, 128)  # rows, out_features (no multiple of 64), in_features
+
+
+@dataclass(frozen=True)
+class OpCase:
+    """One seeded call: `cpp` runs it in the loaded C++ library, `reference` in torch."""
+
+    name: str
+    op: str  # the torch.ops.quire_cpu op it exercises
+    dtype: torch.dtype
+    cpp: Callable[[], torch.Tensor]
+    reference: Callable[[], torch.Tensor]
+
+
+def _decode_case(
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> OpCase:
+    lens = list(DECODE_CONTEXT_LENS)
+    batch = make_paged_batch(lens, num_kv_heads, head_dim, block_size, dtype)
+    query = random_queries(len(lens), num_heads, head_dim, dtype)
+    args = (query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens)
+    scale = 1 / math.sqrt(head_dim)
+    return OpCase(
+        f"decode-{num_heads}x{num_kv_heads}-d{head_dim}-b{block_size}-{dtype}",
+        "paged_decode_attention",
+        dtype,
+        lambda: cpp_attention.paged_decode_attention(*args, scale),
+        lambda: reference.paged_decode_attention(*args, scale),
+    )
+
+
+def _prefill_case(
+    dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int, block_size: int
+) -> OpCase:
+    lens = [prefix + chunk for prefix, chunk in PREFILL_CHUNKS]
+    chunks = [chunk for _, chunk in PREFILL_CHUNKS]
+    batch = make_paged_batch(lens, num_kv_heads, head_dim, block_size, dtype)
+    query = random_queries(sum(chunks), num_heads, head_dim, dtype)
+    args = (query, batch.key_cache, batch.value_cache, batch.block_tables, cu_lens(chunks))
+    rest = (batch.context_lens, 1 / math.sqrt(head_dim))
+    return OpCase(
+        f"prefill-{num_heads}x{num_kv_heads}-d{head_dim}-b{block_size}-{dtype}",
+        "paged_prefill_attention",
+        dtype,
+        lambda: cpp_attention.paged_prefill_attention(*args, *rest),
+        lambda: reference.paged_prefill_attention(*args, *rest),
+    )
+
+
+def _write_kv_cache_case(dtype: torch.dtype) -> OpCase:
+    g = torch.Generator().manual_seed(3)
+    num_tokens, num_kv_heads, head_dim = 9, 3, 64
+    key = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g).to(dtype)
+    value = torch.randn(num_tokens, num_kv_heads, head_dim, generator=g).to(dtype)
+    cache = torch.randn(6, 16, num_kv_heads, head_dim, generator=g).to(dtype)
+    slots = torch.randperm(6 * 16, generator=g)[:num_tokens]
+
+    def run(write: Callable[..., None]) -> torch.Tensor:
+        key_cache, value_cache = cache.clone(), cache.clone()
+        write(key, value, key_cache, value_cache, slots)
+        return torch.stack((key_cache, value_cache))
+
+    return OpCase(
+        f"write_kv_cache-{dtype}",
+        "write_kv_cache_",
+        dtype,
+        lambda: run(cpp_attention.write_kv_cache),
+        lambda: run(reference.write_kv_cache),
+    )
+
+
+def _fused_cases(dtype: torch.dtype) -> list[OpCase]:
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(7, 576, generator=g) * 3).to(dtype)
+    residual = torch.randn(7, 576, generator=g).to(dtype)
+    weight = torch.rand(576, generator=g).to(dtype)
+
+    def add_norm(add: Callable[..., None]) -> torch.Tensor:
+        xi, ri = x.clone(), residual.clone()
+        add(xi, ri, weight, NORM_EPS)
+        return torch.stack((xi, ri))
+
+    positions = torch.randint(0, 512, (7,), generator=g)
+    query = torch.randn(7, 9, 64, generator=g).to(dtype)
+    key = torch.randn(7, 3, 64, generator=g).to(dtype)
+    angles = torch.arange(512.0)[:, None] * torch.rand(32, generator=g)[None, :]
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)  # [512, 64] float32
+
+    def rotate(rotate_: Callable[..., None]) -> torch.Tensor:
+        qi, ki = query.clone(), key.clone()
+        rotate_(positions, qi, ki, cos, sin)
+        return torch.cat((qi.flatten(), ki.flatten()))
+
+    ops = torch.ops.quire_cpu
+    return [
+        OpCase(
+            f"rms_norm-{dtype}",
+            "rms_norm",
+            dtype,
+            lambda: ops.rms_norm(x, weight, NORM_EPS),
+            lambda: fused.rms_norm_reference(x, weight, NORM_EPS),
+        ),
+        OpCase(
+            f"add_rms_norm-{dtype}",
+            "add_rms_norm_",
+            dtype,
+            lambda: add_norm(ops.add_rms_norm_),
+            lambda: add_norm(fused.add_rms_norm_reference_),
+        ),
+        OpCase(
+            f"rotary_embedding-{dtype}",
+            "rotary_embedding_",
+            dtype,
+            lambda: rotate(ops.rotary_embedding_),
+            lambda: rotate(fused.rotary_embedding_reference_),
+        ),
+    ]
+
+
+def _linear_case(dtype: torch.dtype) -> OpCase:
+    g = torch.Generator().manual_seed(5)
+    rows, out_features, in_features = LINEAR_SHAPE
+    x = torch.randn(rows, in_features, generator=g).to(dtype)
+    weight = torch.randn(out_features, in_features, generator=g).to(dtype)
+    bias = torch.randn(out_features, generator=g).to(dtype)
+    return OpCase(
+        f"packed_linear-{dtype}",
+        "packed_linear",
+        dtype,
+        lambda: linear.packed_linear(x, linear.pack_weight(weight), bias, out_features),
+        lambda: F.linear(x.float(), weight.float(), bias.float()).to(dtype),
+    )
+
+
+def op_cases() -> list[OpCase]:
+    """Every case, in a fixed order, on inputs that depend only on fixed seeds."""
+    cases = []
+    for dtype in DTYPES:
+        for num_heads, num_kv_heads in HEAD_SHAPES:
+            for head_dim in (64, 128):
+                for block_size in BLOCK_SIZES:
+                    shape = (num_heads, num_kv_heads, head_dim, block_size)
+                    cases += [_decode_case(dtype, *shape), _prefill_case(dtype, *shape)]
+        cases += [_write_kv_cache_case(dtype), *_fused_cases(dtype), _linear_case(dtype)]
+    return cases
+
+
+def registered_ops() -> list[str]:
+    """The ops the loaded library registers under torch.ops.quire_cpu."""
+    prefix = "quire_cpu::"
+    names = torch._C._dispatch_get_all_op_names()
+    return sorted(name.removeprefix(prefix) for name in names if name.startswith(prefix))
+
+
+def main(out_path: str) -> None:
+    from safetensors.torch import save_file
+
+    reason = cpp_attention.unavailable_reason()
+    if reason is not None:
+        sys.exit(f"the C++ CPU kernels did not load: {reason}")
+    variant = cpp_attention.loaded_variant()
+    assert variant is not None, "a loaded library has a variant"
+    outputs = {}
+    for case in op_cases():
+        # packed linears exist only in builds with AVX-512 (packed_linear_supported says)
+        if case.op == "packed_linear" and not linear.is_supported(case.dtype):
+            continue
+        outputs[case.name] = case.cpp().contiguous()
+    supported = [
+        str(dtype) for dtype in DTYPES if torch.ops.quire_cpu.packed_linear_supported(dtype)
+    ]
+    metadata = {
+        "variant": variant,
+        "ops": ",".join(registered_ops()),
+        "packed_linear_dtypes": ",".join(supported),
+    }
+    save_file(outputs, out_path, metadata=metadata)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
