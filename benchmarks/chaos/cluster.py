@@ -19,35 +19,35 @@ from services.rpc import memory_manager_pb2, memory_manager_pb2_grpc
 from services.stack.runner import Stack
 
 
-async def cluster_status(url: str) -> list[dict[str, Any]]:
-    """The router's view of every executor (GET /cluster/status)."""
+async def cluster_status(admin_url: str) -> list[dict[str, Any]]:
+    """The router's view of every executor (GET /cluster/status on its admin port)."""
     async with httpx.AsyncClient(timeout=5) as client:
-        executors: list[dict[str, Any]] = (await client.get(f"{url}/cluster/status")).json()[
+        executors: list[dict[str, Any]] = (await client.get(f"{admin_url}/cluster/status")).json()[
             "executors"
         ]
         return executors
 
 
-async def wait_healthy(url: str, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+async def wait_healthy(admin_url: str, n: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
     """Wait until the router sees `n` healthy executors; those executors."""
     deadline = time.monotonic() + timeout_s
     healthy: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            healthy = [e for e in await cluster_status(url) if e["healthy"]]
+            healthy = [e for e in await cluster_status(admin_url) if e["healthy"]]
             if len(healthy) >= n:
                 return healthy
         await asyncio.sleep(0.2)
     raise RuntimeError(f"only {len(healthy)} healthy executors after {timeout_s} s")
 
 
-async def blocks_leaked(url: str, timeout_s: float = 20.0) -> int:
+async def blocks_leaked(admin_url: str, timeout_s: float = 20.0) -> int:
     """kv_blocks_used summed over live executors once idle (or at the timeout)."""
     deadline = time.monotonic() + timeout_s
     used = -1
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            live = [e for e in await cluster_status(url) if e["healthy"]]
+            live = [e for e in await cluster_status(admin_url) if e["healthy"]]
             used = sum(e["kv_blocks_used"] for e in live)
             if live and used == 0 and all(e["num_running"] == 0 for e in live):
                 return 0

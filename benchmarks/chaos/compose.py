@@ -51,6 +51,15 @@ class ComposeLoad(Load):
         return req
 
 
+@dataclass(frozen=True)
+class Router:
+    """Where the compose stack's router is reached: the API, and the admin port that answers
+    /cluster/status."""
+
+    url: str
+    admin_url: str
+
+
 @dataclass
 class Plan:
     concurrency: int = 3
@@ -62,12 +71,15 @@ class Plan:
     deadline_s: float = 60.0  # a request still open this long is hung
 
 
-async def wait_routable(url: str, executor_id: str, timeout_s: float = 120.0) -> float:
+async def wait_routable(router: Router, executor_id: str, timeout_s: float = 120.0) -> float:
     """Seconds until the router lists `executor_id` healthy again."""
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         try:
-            if any(e["id"] == executor_id and e["healthy"] for e in await cluster_status(url)):
+            if any(
+                e["id"] == executor_id and e["healthy"]
+                for e in await cluster_status(router.admin_url)
+            ):
                 return time.monotonic() - start
         except Exception:  # the router's status may fail while Redis is away
             pass
@@ -75,7 +87,7 @@ async def wait_routable(url: str, executor_id: str, timeout_s: float = 120.0) ->
     raise RuntimeError(f"{executor_id} not routable {timeout_s} s after it came back")
 
 
-async def served_again(url: str, executor_id: str, timeout_s: float = 90.0) -> float:
+async def served_again(router: Router, executor_id: str, timeout_s: float = 90.0) -> float:
     """Seconds until `executor_id` completes a request again. Fresh prompts (no cached prefix
     pins them to the other executor), four at a time, so the router's load balancing decides."""
     start = time.monotonic()
@@ -88,36 +100,38 @@ async def served_again(url: str, executor_id: str, timeout_s: float = 90.0) -> f
                 prompt = f"Probe {n} {time.time_ns()}: name a colour and a number"
                 body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0}
                 bodies.append({"kind": "plain", "body": body})
-            outcomes = await asyncio.gather(*(one_request(client, url, b, 30) for b in bodies))
+            outcomes = await asyncio.gather(
+                *(one_request(client, router.url, b, 30) for b in bodies)
+            )
             if any(o.bucket == "completed" and o.executors == executor_id for o in outcomes):
                 return time.monotonic() - start
     raise RuntimeError(f"{executor_id} served nothing {timeout_s} s after it came back")
 
 
-async def steady_load(url: str, plan: Plan, seed: int) -> ComposeLoad:
+async def steady_load(router: Router, plan: Plan, seed: int) -> ComposeLoad:
     """The closed-loop load, started and left to run `plan.before_s`: what a fault interrupts."""
-    load = ComposeLoad([url], plan.concurrency, plan.max_tokens, plan.deadline_s, seed=seed)
+    load = ComposeLoad([router.url], plan.concurrency, plan.max_tokens, plan.deadline_s, seed=seed)
     load.start()
     await asyncio.sleep(plan.before_s)
     return load
 
 
-async def comes_back(url: str, since: float, plan: Plan) -> tuple[float, float, float]:
+async def comes_back(router: Router, since: float, plan: Plan) -> tuple[float, float, float]:
     """Seconds until the victim, back at `since`, is routable and until it serves again; then
     `plan.after_s` more of the load. Returns those seconds and when it served again."""
-    routable_s = await wait_routable(url, VICTIM)
-    back_s = time.monotonic() - since + await served_again(url, VICTIM)
+    routable_s = await wait_routable(router, VICTIM)
+    back_s = time.monotonic() - since + await served_again(router, VICTIM)
     t_back = time.monotonic()
     await asyncio.sleep(plan.after_s)
     return routable_s, back_s, t_back
 
 
-async def finish(load: Load, url: str, result: dict[str, Any]) -> dict[str, Any]:
+async def finish(load: Load, router: Router, result: dict[str, Any]) -> dict[str, Any]:
     """Stop the load; its buckets, `result`, and the KV blocks left in use at the executors
     and the memory manager once idle."""
     await load.finish()
     out = {**tally(load.outcomes), **result}
-    out["blocks_leaked"] = await blocks_leaked(url, timeout_s=60)
+    out["blocks_leaked"] = await blocks_leaked(router.admin_url, timeout_s=60)
     pools = await asyncio.to_thread(manager_pools)
     out["manager_blocks_used"] = sum(p["used"] for p in pools.values())
     out["manager_pools_consistent"] = all(p["consistent"] for p in pools.values())
@@ -128,20 +142,20 @@ async def finish(load: Load, url: str, result: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-async def fault_kill_executor(url: str, plan: Plan) -> dict[str, Any]:
+async def fault_kill_executor(router: Router, plan: Plan) -> dict[str, Any]:
     """`docker kill` executor-1 mid-load, `docker start` it, check it serves again."""
     cid = container(VICTIM)
-    load = await steady_load(url, plan, seed=1)
+    load = await steady_load(router, plan, seed=1)
     t_fault = time.monotonic()
     await asyncio.to_thread(run, "docker", "kill", cid)
     await asyncio.sleep(3.0)
     late = served_by(load.outcomes_since(t_fault + 2.0), VICTIM)
     t_start = time.monotonic()
     await asyncio.to_thread(run, "docker", "start", cid)
-    routable_s, back_s, t_back = await comes_back(url, t_start, plan)
+    routable_s, back_s, t_back = await comes_back(router, t_start, plan)
     return await finish(
         load,
-        url,
+        router,
         {
             "routed_to_dead_after_2s": len(late),
             "restart_to_routable_s": round(routable_s, 2),
@@ -151,10 +165,10 @@ async def fault_kill_executor(url: str, plan: Plan) -> dict[str, Any]:
     )
 
 
-async def fault_restart_memory_manager(url: str, plan: Plan) -> dict[str, Any]:
+async def fault_restart_memory_manager(router: Router, plan: Plan) -> dict[str, Any]:
     """`docker restart` the memory manager mid-load."""
     cid = container("memory-manager")
-    load = await steady_load(url, plan, seed=2)
+    load = await steady_load(router, plan, seed=2)
     t_fault = time.monotonic()
     await asyncio.to_thread(run, "docker", "restart", "-t", "10", cid)
     t_back = time.monotonic()
@@ -162,7 +176,7 @@ async def fault_restart_memory_manager(url: str, plan: Plan) -> dict[str, Any]:
     late = load.outcomes_since(t_back)
     return await finish(
         load,
-        url,
+        router,
         {
             "restart_s": round(t_back - t_fault, 2),
             "completed_after_restart": sum(o.bucket == "completed" for o in late),
@@ -170,10 +184,10 @@ async def fault_restart_memory_manager(url: str, plan: Plan) -> dict[str, Any]:
     )
 
 
-async def fault_pause_redis(url: str, plan: Plan) -> dict[str, Any]:
+async def fault_pause_redis(router: Router, plan: Plan) -> dict[str, Any]:
     """`docker pause` Redis for `plan.pause_s`, then unpause it."""
     cid = container("redis")
-    load = await steady_load(url, plan, seed=3)
+    load = await steady_load(router, plan, seed=3)
     t_pause = time.monotonic()
     await asyncio.to_thread(run, "docker", "pause", cid)
     try:
@@ -185,21 +199,21 @@ async def fault_pause_redis(url: str, plan: Plan) -> dict[str, Any]:
     during = [o for o in load.outcomes_since(t_pause) if o.start < t_back]
     return await finish(
         load,
-        url,
+        router,
         {
             "paused_s": round(t_back - t_pause, 2),
             "completed_during_pause": sum(o.bucket == "completed" for o in during),
             "executors_routable_after": sorted(
-                e["id"] for e in await cluster_status(url) if e["healthy"]
+                e["id"] for e in await cluster_status(router.admin_url) if e["healthy"]
             ),
         },
     )
 
 
-async def fault_disconnect_executor(url: str, plan: Plan) -> dict[str, Any]:
+async def fault_disconnect_executor(router: Router, plan: Plan) -> dict[str, Any]:
     """Cut executor-1 off the network for `plan.cut_s`, then reconnect it."""
     cid = container(VICTIM)
-    load = await steady_load(url, plan, seed=4)
+    load = await steady_load(router, plan, seed=4)
     t_cut = time.monotonic()
     await asyncio.to_thread(run, "docker", "network", "disconnect", NETWORK, cid)
     try:
@@ -211,10 +225,10 @@ async def fault_disconnect_executor(url: str, plan: Plan) -> dict[str, Any]:
             run, "docker", "network", "connect", "--alias", VICTIM, NETWORK, cid
         )
     t_reconnect = time.monotonic()
-    routable_s, back_s, t_back = await comes_back(url, t_reconnect, plan)
+    routable_s, back_s, t_back = await comes_back(router, t_reconnect, plan)
     return await finish(
         load,
-        url,
+        router,
         {
             "routed_to_dead_after_2s": len(late),
             "cut_s": round(t_reconnect - t_cut, 2),
@@ -225,7 +239,7 @@ async def fault_disconnect_executor(url: str, plan: Plan) -> dict[str, Any]:
     )
 
 
-FAULTS: dict[str, Callable[[str, Plan], Awaitable[dict[str, Any]]]] = {
+FAULTS: dict[str, Callable[[Router, Plan], Awaitable[dict[str, Any]]]] = {
     "kill_executor": fault_kill_executor,
     "restart_memory_manager": fault_restart_memory_manager,
     "pause_redis": fault_pause_redis,
@@ -246,20 +260,20 @@ def routing_failures(results: dict[str, Any]) -> list[str]:
     return bad
 
 
-async def run_all(url: str, plan: Plan, only: list[str] | None) -> dict[str, Any]:
+async def run_all(router: Router, plan: Plan, only: list[str] | None) -> dict[str, Any]:
     """Every fault (`only` picks some), each starting on a whole cluster."""
     results: dict[str, Any] = {"faults": {}}
-    await wait_routable(url, VICTIM)
+    await wait_routable(router, VICTIM)
     for name, fault in FAULTS.items():
         if only and name not in only:
             continue
         print(f"fault {name} ...", flush=True)
         t0 = time.monotonic()
-        results["faults"][name] = await fault(url, plan)
+        results["faults"][name] = await fault(router, plan)
         results["faults"][name]["scenario_s"] = round(time.monotonic() - t0, 1)
         print(json.dumps(results["faults"][name]), flush=True)
         for eid in EXECUTORS:  # the next fault starts on a whole cluster
-            await wait_routable(url, eid)
+            await wait_routable(router, eid)
     return results
 
 
@@ -271,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="the compose router")
+    parser.add_argument(
+        "--admin-url", default="http://127.0.0.1:8001", help="the compose router's admin port"
+    )
     parser.add_argument("--only", nargs="*", choices=list(FAULTS), help="run only these faults")
     parser.add_argument("--concurrency", type=int, default=Plan.concurrency)
     parser.add_argument("--pause-s", type=float, default=Plan.pause_s)
@@ -280,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.concurrency < 1:
         parser.error("--concurrency must be at least 1")
     plan = Plan(concurrency=args.concurrency, pause_s=args.pause_s, cut_s=args.cut_s)
-    results = asyncio.run(run_all(args.url, plan, args.only))
+    results = asyncio.run(run_all(Router(args.url, args.admin_url), plan, args.only))
     write_json(args.out, results)
     bad = failures(results) + routing_failures(results)
     print(f"wrote {args.out}" + (f"; FAILED: {', '.join(bad)}" if bad else "; all faults clean"))

@@ -21,7 +21,7 @@ from services.stack.runner import Stack
 
 async def fault_kill_executor(stack: Stack, plan: Plan) -> dict[str, Any]:
     """SIGKILL an executor mid-stream, check rerouting, restart it, check it serves again."""
-    url = stack.config.router_url
+    url = stack.config.router_admin_url  # /cluster/status
     victim = "executor-1"
     epoch_before = executor_record(stack, victim)
     load = await steady_load(stack, plan, seed=1)
@@ -52,7 +52,7 @@ async def kill_and_restart(stack: Stack, name: str, down_s: float, timeout_s: fl
 
 async def fault_kill_memory_manager(stack: Stack, plan: Plan) -> dict[str, Any]:
     """SIGKILL the memory manager mid-load and restart it."""
-    url = stack.config.router_url
+    url = stack.config.router_admin_url  # /cluster/status
     load = await steady_load(stack, plan, seed=2)
     await kill_and_restart(stack, "memory-manager", down_s=1.0, timeout_s=60.0)
     t_back = time.monotonic()
@@ -96,7 +96,7 @@ async def reregistered(stack: Stack, executor_ids: list[str], timeout_s: float =
 
 async def fault_restart_redis(stack: Stack, plan: Plan) -> dict[str, Any]:
     """SIGKILL Redis mid-load and restart it: no request fails; prefix sets come back."""
-    url = stack.config.router_url
+    url = stack.config.router_admin_url  # /cluster/status
     load = await steady_load(stack, plan, seed=3)
     await kill_and_restart(stack, "redis", down_s=2.0, timeout_s=30.0)
     await asyncio.sleep(plan.after_s)
@@ -129,7 +129,7 @@ async def fault_rolling_update(stack: Stack, plan: Plan) -> dict[str, Any]:
     await asyncio.sleep(plan.after_s / 2)
     stack.signal("executor-1", signal.SIGTERM)
     await asyncio.sleep(plan.after_s / 2)
-    result = await settle(load, url)
+    result = await settle(load, stack.config.router_admin_url)
     result["router_exit"] = stack.procs["router-1"].wait(15)
     result["executor_exit"] = stack.procs["executor-1"].wait(30)
     return result

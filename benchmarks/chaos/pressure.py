@@ -32,7 +32,7 @@ async def soak(stack: Stack, plan: Plan) -> dict[str, Any]:
     load.start()
     while len(load.outcomes) < plan.soak_requests:
         await asyncio.sleep(0.2)
-    result = await settle(load, url)
+    result = await settle(load, stack.config.router_admin_url)
     pools = await asyncio.to_thread(manager_pools, stack, ["executor-0", "executor-1"])
     result["pools"] = pools
     result["preemptions"] = sum(p["preemptions"] for p in pools.values())
@@ -84,7 +84,7 @@ async def overload(stack: Stack, plan: Plan) -> dict[str, Any]:
     rejected = [o.end - o.start for o in outcomes if o.status == 429]
     served_429 = router_durations_ms(stack, log_offset, 429)
     result: dict[str, Any] = tally(outcomes)
-    result["blocks_leaked"] = await blocks_leaked(url)
+    result["blocks_leaked"] = await blocks_leaked(stack.config.router_admin_url)
     result["admission_bound"] = bound
     result["sustainable_rps"] = round(sustainable, 2)
     result["offered_rps"] = round(rate, 2)

@@ -41,11 +41,13 @@ def make_config(
 
 
 def add_router(stack: Stack, name: str) -> str:
-    """A second router replica: the first one's command on another port; its URL."""
+    """A second router replica: the first one's command on another port, without an admin
+    port; its URL."""
     first = stack.specs["router"]
     port = free_port()
     argv = list(first.argv)
     argv[argv.index("--port") + 1] = str(port)
+    argv[argv.index("--admin-port") + 1] = "0"
     url = f"http://{stack.config.host}:{port}"
     stack.specs[name] = dataclasses.replace(
         first, name=name, argv=argv, ready=("http", f"{url}/health")
@@ -83,7 +85,7 @@ async def with_stack(
     stack = Stack(config, run_dir, cwd=REPO)
     await asyncio.to_thread(stack.start, 120.0)
     try:
-        await wait_healthy(config.router_url, config.num_executors)
+        await wait_healthy(config.router_admin_url, config.num_executors)
         return await body(stack)
     finally:
         for load in list(ACTIVE):
@@ -105,9 +107,9 @@ async def start_process(stack: Stack, name: str, timeout_s: float) -> None:
     await asyncio.to_thread(stack.wait_ready, name, timeout_s)
 
 
-async def settle(load: Load, url: str) -> dict[str, Any]:
+async def settle(load: Load, admin_url: str) -> dict[str, Any]:
     """Stop the load: its buckets, and the KV blocks still in use once the cluster is idle."""
     await load.finish()
     result: dict[str, Any] = tally(load.outcomes)
-    result["blocks_leaked"] = await blocks_leaked(url)
+    result["blocks_leaked"] = await blocks_leaked(admin_url)
     return result

@@ -47,7 +47,7 @@ def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            status = httpx.get(f"{config.router_url}/cluster/status", timeout=5).json()
+            status = httpx.get(f"{config.router_admin_url}/cluster/status", timeout=5).json()
             if sum(e["healthy"] for e in status["executors"]) >= num_executors:
                 break
             time.sleep(0.2)

@@ -85,12 +85,12 @@ def stack_config(args: argparse.Namespace, policy: str) -> StackConfig:
     )
 
 
-async def wait_healthy(url: str, n: int, timeout_s: float = 180.0) -> None:
+async def wait_healthy(admin_url: str, n: int, timeout_s: float = 180.0) -> None:
     deadline = time.monotonic() + timeout_s
     async with httpx.AsyncClient(timeout=5.0) as http:
         while time.monotonic() < deadline:
             try:
-                status = (await http.get(f"{url}/cluster/status")).json()
+                status = (await http.get(f"{admin_url}/cluster/status")).json()
                 if sum(e["healthy"] for e in status["executors"]) >= n:
                     return
             except (httpx.HTTPError, ValueError, KeyError):
@@ -131,7 +131,7 @@ def run_policy(
     out: dict[str, dict[str, Any]] = {}
     try:
         model = Path(args.model).name
-        asyncio.run(wait_healthy(config.router_url, args.num_executors))
+        asyncio.run(wait_healthy(config.router_admin_url, args.num_executors))
         asyncio.run(warm_up(config.router_url, model, vocab, args.num_executors))
         ready_s = time.monotonic() - started
         for name, requests in runs.items():

@@ -21,6 +21,7 @@ DOCKER=${DOCKER:-docker}
 CONTEXT=deploy/docker/build-context
 STATE=.run/compose           # what `images` chose, for `up` and the tests
 ROUTER_URL=http://127.0.0.1:8000
+ADMIN_URL=http://127.0.0.1:8001   # the router's /metrics, /dashboard, /cluster/status, /docs
 HEALTH_TIMEOUT_S=${QUIRE_COMPOSE_HEALTH_TIMEOUT_S:-900}
 PY=${PY:-.venv/bin/python}
 
@@ -206,7 +207,8 @@ up() {
     served=$(basename "${QUIRE_MODEL:-/models/smollm2-135m-instruct}")
     cat <<EXAMPLE
 
-Quire is up (docker-compose project "quire", model $served). The README's example:
+Quire is up (docker-compose project "quire", model $served); metrics, dashboard, cluster
+status and API docs on $ADMIN_URL. The README's example:
 
 curl $ROUTER_URL/v1/chat/completions -H 'Content-Type: application/json' \\
   -d '{"model": "$served", "messages": [{"role": "user",

@@ -32,7 +32,8 @@ log = structlog.get_logger("router.auth")
 ANONYMOUS = "anonymous"  # the key id of requests when auth is off
 # Open routes: /health and /metrics are polled by load balancers and Prometheus, which hold
 # no key, and say nothing about prompts; /dashboard is a static page (its data, in
-# /dashboard/state, is protected).
+# /dashboard/state, is protected). The same rule holds on both ports: /cluster/status and
+# /dashboard/state live on the admin port and still need a key there.
 _PROTECTED_PREFIX = "/v1/"
 _PROTECTED_PATHS = frozenset(
     {"/v1", "/dashboard/state", "/cluster/status", "/tokenize", "/detokenize"}

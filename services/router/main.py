@@ -1,37 +1,65 @@
-"""Builds the router's FastAPI app: state, middleware, error handlers, routes."""
+"""Builds the router's two FastAPI apps over one RouterState: the public API (--port) and the
+admin app (--admin-port, services.router.admin); middleware, error handlers, routes."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 from fastapi import Depends, FastAPI
 
+from services.router.admin import create_admin_app
 from services.router.admission.door import AdmissionGate
 from services.router.auth import ApiKeyMiddleware, ApiKeys
 from services.router.body_limits import BodyLimitMiddleware
 from services.router.deps import count_request
 from services.router.errors import install_error_handlers
 from services.router.metrics import RequestContextMiddleware, RouterMetrics
-from services.router.routes import chat, completions, dashboard, models, ops, tokenize
+from services.router.routes import chat, completions, models, ops, tokenize
 from services.router.settings import RouterSettings
 from services.router.sse import ClientDisconnected, client_closed
 from services.router.state import RouterState
 
 
-def create_app(settings: RouterSettings | None = None) -> FastAPI:
-    """The router app; loads the tokenizer now, reaches Redis and executors on demand."""
+@dataclass(frozen=True)
+class RouterApps:
+    """What one router process serves; both apps share `state`."""
+
+    public: FastAPI  # --port: /v1/*, /health, /tokenize, /detokenize; no docs, no schema
+    admin: FastAPI  # --admin-port: /metrics, /dashboard, /cluster/status, /docs, /openapi.json
+    state: RouterState
+
+
+def create_apps(settings: RouterSettings | None = None) -> RouterApps:
+    """The router's apps; loads the tokenizer now, reaches Redis and executors on demand."""
     settings = settings or RouterSettings()
     metrics = RouterMetrics()
     state = RouterState.build(settings, metrics)
     api_keys = ApiKeys(settings.api_keys, settings.api_keys_file)
+    public = create_public_app(state, api_keys)
+    return RouterApps(public, create_admin_app(state, api_keys, public), state)
+
+
+def create_public_app(state: RouterState, api_keys: ApiKeys) -> FastAPI:
+    """The API clients use. Its lifespan closes `state` (the admin app has none of its own)."""
+    settings = state.settings
+    metrics = state.metrics
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
         await state.close()
 
-    app = FastAPI(title="Quire router", version="0.1.0", lifespan=lifespan)
+    # Operational pages (docs, schema, metrics, dashboard) live on the admin app only.
+    app = FastAPI(
+        title="Quire router",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.router = state
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     # Overload is refused before the body is read or parsed (after auth: 401 comes first).
@@ -48,7 +76,7 @@ def create_app(settings: RouterSettings | None = None) -> FastAPI:
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, client_closed)
     # Generation routes charge their rate limits themselves, once the prompt is tokenized.
-    for module in (completions, chat, ops, dashboard):
+    for module in (completions, chat, ops):
         app.include_router(module.router)
     app.include_router(models.router, dependencies=[Depends(count_request)])
     app.include_router(tokenize.router, dependencies=[Depends(count_request)])

@@ -15,7 +15,19 @@ class RouterSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="QUIRE_", extra="ignore")
 
     host: str = Field(default="127.0.0.1", description="interface the HTTP server binds")
-    port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
+    port: int = Field(
+        default=8000, ge=0, le=65535, description="public HTTP port: /v1/*, /health, /tokenize"
+    )
+    admin_host: str = Field(
+        default="", description="interface the admin listener binds ('' = the same as host)"
+    )
+    admin_port: int = Field(
+        default=8001,
+        ge=0,
+        le=65535,
+        description="admin HTTP port: /metrics, /dashboard, /cluster/status, /docs, "
+        "/openapi.json, /health (0 = no admin listener)",
+    )
     model: str = Field(
         default="models/smollm2-135m-instruct", description="checkpoint dir (tokenizer, context)"
     )

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     except StackError as exc:
         print(f"make up failed: {exc}", file=sys.stderr)
         return 1
-    print(f"\nQuire is up: {config.router_url} (logs in {args.run_dir}/logs)\n")
+    print(f"\nQuire is up: {config.router_url} (logs in {args.run_dir}/logs)")
+    print(f"metrics, dashboard, cluster status, API docs: {config.router_admin_url}\n")
     print(
         f"curl {config.router_url}/v1/chat/completions -H 'Content-Type: application/json' \\\n"
         f'  -d \'{{"model": "{Path(config.model).name}", '

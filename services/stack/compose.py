@@ -4,7 +4,7 @@ Each process becomes one Compose service with the same argv (image entrypoint + 
 the same environment, `CONTAINER_CONFIG` mapping 127.0.0.1 to 0.0.0.0 / service names. The
 variables that choose the model (QUIRE_MODEL, QUIRE_NUM_KV_BLOCKS, QUIRE_DTYPE) are written as
 `${NAME:-default}`, so `QUIRE_MODEL=... docker compose up` reaches the router and the executors
-alike. Only the router publishes a port. Services that are not part of the stack (Prometheus, Grafana,
+alike. Only the router publishes ports: its public one and its admin one. Services that are not part of the stack (Prometheus, Grafana,
 ...) go in `deploy/compose/*.yaml` fragments: their `services`, `volumes`, `networks`,
 `configs` and `secrets` are merged in, file by file, in name order.
 
@@ -39,14 +39,14 @@ PROJECT_NAME = "quire"
 REDIS_IMAGE = "redis:7.4-alpine"
 IMAGE_VARIANT = "cpu"  # Dockerfile VARIANT; deploy/compose.gpu.yaml switches executors to cuda
 MODELS_VOLUME = "models"  # named volume, filled from the image's /models on first start
-PUBLISH_HOST_IP = "127.0.0.1"  # host address the router's port is published on
+PUBLISH_HOST_IP = "127.0.0.1"  # host address the router's ports are published on
 EXECUTOR_STOP_GRACE = "330s"  # executors drain for up to --drain-timeout-s (300 s) on SIGTERM
 FRAGMENT_KEYS = ("services", "volumes", "networks", "configs", "secrets")
 
 HEADER = (
     "# Generated from services/stack/spec.py by `make compose`: do not edit by hand.\n"
     "# The same process list as `make up`. Add other services in deploy/compose/*.yaml.\n"
-    "# docker compose -p quire up --build   # router on http://127.0.0.1:8000\n"
+    "# docker compose -p quire up --build   # router on http://127.0.0.1:8000 (admin: 8001)\n"
     "# QUIRE_MODEL, QUIRE_NUM_KV_BLOCKS and QUIRE_DTYPE choose the model, its KV pool and dtype;\n"
     "# a checkpoint on this machine: add -f deploy/compose.model.yaml (docs/configuration.md).\n"
 )
@@ -71,9 +71,10 @@ def healthcheck_test(health: HealthCheck, python: str) -> list[str]:
     raise ValueError(f"unknown health check kind {health.kind!r}")
 
 
-def published_ports(c: StackConfig) -> dict[str, int]:
-    """The only ports reachable from the host: process name -> port (the router's HTTP)."""
-    return {"router": c.router_port}
+def published_ports(c: StackConfig) -> dict[str, list[int]]:
+    """The only ports reachable from the host: process name -> ports (the router's public
+    HTTP port and its admin port, both on the host's loopback)."""
+    return {"router": [c.router_port, c.router_admin_port]}
 
 
 def environment_value(name: str, value: str) -> str:
@@ -102,10 +103,10 @@ def compose_service(spec: ProcessSpec, c: StackConfig) -> dict[str, Any]:
         service["volumes"] = [
             {"type": "volume", "source": MODELS_VOLUME, "target": posixpath.dirname(c.model)}
         ]
-    port = published_ports(c).get(spec.name)
-    if port is not None:
+    ports = published_ports(c).get(spec.name)
+    if ports:
         # The short form: Compose 1.x has no `host_ip` in the long one.
-        service["ports"] = [f"{PUBLISH_HOST_IP}:{port}:{port}/tcp"]
+        service["ports"] = [f"{PUBLISH_HOST_IP}:{port}:{port}/tcp" for port in ports]
     if spec.depends_on:
         service["depends_on"] = {name: {"condition": "service_healthy"} for name in spec.depends_on}
     if spec.health is not None:

@@ -44,6 +44,7 @@ def stack_ports(num_executors: int) -> dict[str, int]:
         "executor_base_port": free_range(num_executors, taken),
         "executor_base_metrics_port": free_range(num_executors, taken),
         "router_port": free_range(1, taken),
+        "router_admin_port": free_range(1, taken),
         "redis_port": free_range(1, taken),
         "memory_manager_port": free_range(1, taken),
         "memory_manager_metrics_port": free_range(1, taken),

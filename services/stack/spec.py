@@ -50,16 +50,17 @@ class StackConfig:
     # Containers: processes reach each other at their names (redis, memory-manager,
     # executor-N) instead of at `host`, and executors advertise that name to routers.
     address_by_name: bool = False
-    # QUIRE_MODEL: checkpoint the executors serve and the router tokenizes with
+    # checkpoint the executors serve and the router tokenizes with (docs/configuration.md)
     model: str = "models/smollm2-135m-instruct"
-    router_port: int = 8000  # the only port meant for clients
-    redis_port: int = 6379
-    memory_manager_port: int = 50051
+    router_port: int = 8000  # the only port meant for clients: /v1/*, /health
+    router_admin_port: int = 8001  # the router's /metrics, /dashboard, /cluster/status, /docs
+    redis_port: int = 6379  # redis-server's port
+    memory_manager_port: int = 50051  # the memory manager's gRPC port
     executor_base_port: int = 50061  # executor i listens on base + i
     memory_manager_metrics_port: int = 9151  # Prometheus /metrics of the memory manager
     executor_base_metrics_port: int = 9161  # executor i serves /metrics on base + i
-    num_executors: int = 2
-    # QUIRE_NUM_KV_BLOCKS, per executor; None: the executor sizes its pool from memory
+    num_executors: int = 2  # executor processes, each with its own KV pool
+    # KV blocks per executor; unset: each executor sizes its pool from memory
     num_kv_blocks: int | None = None
     # torch CPU threads per executor; 0: this machine's cores split evenly between executors;
     # -1: no flag, the executor's own setting (QUIRE_TORCH_THREADS, else torch's default)
@@ -68,12 +69,12 @@ class StackConfig:
     # instead of the scheduler's whim; for benchmarks, with executor_torch_threads=1.
     pin_executors: bool = False
     routing_policy: str = "prefix"  # the router's --routing-policy
-    executor_dtype: str = "auto"  # QUIRE_DTYPE: the executors' dtype
+    executor_dtype: str = "auto"  # the executors' dtype
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
     max_pending_total: int = 1024  # router admission: in-flight requests overall
-    redis_prefix: str = "quire"
+    redis_prefix: str = "quire"  # prefix of every Redis key the stack's services write
     python: str = sys.executable  # interpreter for the Python services
-    redis_server: str = "redis-server"
+    redis_server: str = "redis-server"  # the Redis binary
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> StackConfig:
@@ -126,6 +127,11 @@ class StackConfig:
     @property
     def router_url(self) -> str:
         return f"http://{self.host}:{self.router_port}"
+
+    @property
+    def router_admin_url(self) -> str:
+        """The router's operational endpoints (/metrics, /cluster/status, /dashboard, /docs)."""
+        return f"http://{self.host}:{self.router_admin_port}"
 
 
 # The same stack as containers (compose.yaml): each process in its own network namespace,
@@ -256,6 +262,8 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 c.host,
                 "--port",
                 str(c.router_port),
+                "--admin-port",
+                str(c.router_admin_port),
                 "--redis-url",
                 c.redis_url,
                 "--redis-prefix",

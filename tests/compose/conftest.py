@@ -15,6 +15,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ROUTER_URL = os.environ.get("QUIRE_COMPOSE_URL", "http://127.0.0.1:8000")
+ADMIN_URL = os.environ.get("QUIRE_COMPOSE_ADMIN_URL", "http://127.0.0.1:8001")  # /cluster/status
 
 if os.environ.get("QUIRE_COMPOSE_TEST") != "1":
     collect_ignore_glob = ["test_*.py"]

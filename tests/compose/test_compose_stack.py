@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.compose.conftest import compose, container_id, docker
+from tests.compose.conftest import ADMIN_URL, compose, container_id, docker
 
 MODEL = "smollm2-135m-instruct"
 # The README's example, word for word.
@@ -73,13 +73,16 @@ def test_a_prefix_sharing_group_stays_on_one_executor(router_url: str) -> None:
 
 
 def test_cluster_status_lists_both_executors_at_their_service_names(router_url: str) -> None:
-    status = httpx.get(f"{router_url}/cluster/status", timeout=10).json()
+    status = httpx.get(f"{ADMIN_URL}/cluster/status", timeout=10).json()
     executors = {e["id"]: e for e in status["executors"]}
     assert set(executors) == {"executor-0", "executor-1"}, status
     assert all(e["healthy"] for e in executors.values()), status
     assert executors["executor-0"]["address"] == "executor-0:50061"
     assert executors["executor-1"]["address"] == "executor-1:50062"
     assert status["source"] == "redis"
+    # Operations are on the admin port only, never the published API port.
+    assert httpx.get(f"{router_url}/cluster/status", timeout=10).status_code == 404
+    assert httpx.get(f"{ADMIN_URL}/metrics", timeout=10).status_code == 200
 
 
 def prometheus_targets() -> list[dict[str, Any]]:

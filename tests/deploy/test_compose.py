@@ -14,7 +14,13 @@ import pytest
 import yaml
 
 from services.stack import compose
-from services.stack.spec import CONTAINER_CONFIG, ProcessSpec, StackConfig, stack_processes
+from services.stack.spec import (
+    CONTAINER_CONFIG,
+    HealthCheck,
+    ProcessSpec,
+    StackConfig,
+    stack_processes,
+)
 from tests.deploy import service_flags
 
 REPO = Path(__file__).resolve().parents[2]
@@ -199,6 +205,19 @@ def test_local_defaults_reach_everything_on_the_loopback() -> None:
         assert "--advertise-address" not in p.argv
 
 
+def test_the_router_serves_its_admin_port_on_every_interface(specs: dict[str, ProcessSpec]) -> None:
+    """Prometheus reaches router:8001 over the compose network: the admin listener binds what
+    the public one does."""
+    router = specs["router"]
+    settings = service_flags.parse(router.argv[2], router.argv[3:], router.env)
+    assert (settings.port, settings.admin_port) == (
+        CONTAINER_CONFIG.router_port,
+        CONTAINER_CONFIG.router_admin_port,
+    )
+    assert settings.admin_host == "" and settings.host == "0.0.0.0"
+    assert router.health == HealthCheck("http", CONTAINER_CONFIG.router_port, "/health")
+
+
 def test_python_services_accept_every_flag(specs: dict[str, ProcessSpec]) -> None:
     for name, spec in specs.items():
         if name == "redis":
@@ -213,10 +232,11 @@ def test_python_services_accept_every_flag(specs: dict[str, ProcessSpec]) -> Non
 
 
 def test_only_the_router_and_grafana_publish_ports_on_the_loopback(doc: dict[str, Any]) -> None:
-    """Clients reach the router only; Grafana is an operator UI on 127.0.0.1. Nothing else."""
+    """Clients reach the router only (its API, and its admin port for operators); Grafana is
+    an operator UI on 127.0.0.1. Nothing else."""
     published = {name: s["ports"] for name, s in doc["services"].items() if "ports" in s}
     assert published == {
-        "router": ["127.0.0.1:8000:8000/tcp"],
+        "router": ["127.0.0.1:8000:8000/tcp", "127.0.0.1:8001:8001/tcp"],
         "grafana": ["127.0.0.1:3000:3000/tcp"],
     }
     assert not any("expose" in s for s in doc["services"].values())

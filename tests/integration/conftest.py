@@ -43,7 +43,7 @@ def wait_for_executors(s: Stack, n: int, timeout_s: float = 30.0) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     healthy: list[dict] = []
     while time.monotonic() < deadline:
-        status = httpx.get(f"{s.config.router_url}/cluster/status").json()
+        status = httpx.get(f"{s.config.router_admin_url}/cluster/status").json()
         healthy = [e for e in status["executors"] if e["healthy"]]
         if len(healthy) >= n:
             return healthy
@@ -56,7 +56,7 @@ def wait_idle(s: Stack, timeout_s: float = 20.0) -> list[dict]:
     deadline = time.monotonic() + timeout_s
     executors: list[dict] = []
     while time.monotonic() < deadline:
-        executors = httpx.get(f"{s.config.router_url}/cluster/status").json()["executors"]
+        executors = httpx.get(f"{s.config.router_admin_url}/cluster/status").json()["executors"]
         live = [e for e in executors if e["healthy"]]
         if live and all(e["num_running"] == 0 and e["kv_blocks_used"] == 0 for e in live):
             return executors

@@ -1,5 +1,7 @@
 """GET /dashboard in headless Chromium: the block grid follows real load on the real stack.
 
+The page is on the router's admin port; the load goes to its public port.
+
 Chromium is the system one (`make chromium` installs it); without it this test fails.
 The screenshot taken under load is kept at bench/results/dashboard.png.
 """
@@ -87,6 +89,7 @@ def counts(page: Page) -> dict[str, Any]:
 def test_dashboard_grid_follows_load(stack: Stack, tmp_path: Path) -> None:
     assert CHROMIUM.exists(), f"{CHROMIUM} is missing: `make chromium` installs it"
     url = knows_memory_manager(stack)
+    admin_url = stack.config.router_admin_url  # the dashboard is on the admin port
     wait_idle(stack)
     total = stack.config.num_executors * stack.config.num_kv_blocks
     with sync_playwright() as pw:
@@ -99,7 +102,7 @@ def test_dashboard_grid_follows_load(stack: Stack, tmp_path: Path) -> None:
         )
         try:
             page = context.new_page()
-            page.goto(f"{url}/dashboard")
+            page.goto(f"{admin_url}/dashboard")
             page.wait_for_function(f"document.querySelectorAll('.cell').length === {total}")
             before = counts(page)
             assert before["executors"] == stack.config.num_executors
@@ -146,7 +149,7 @@ def test_dashboard_grid_follows_load(stack: Stack, tmp_path: Path) -> None:
                 timeout=5000,
             )
             after = counts(page)
-            state = httpx.get(f"{url}/dashboard/state").json()
+            state = httpx.get(f"{admin_url}/dashboard/state").json()
             assert state["error"] is None
             assert after["cached"] == sum(e["num_blocks_cached"] for e in state["executors"])
             assert any(e["prefix_hit_rate"] for e in state["executors"]), state["executors"]
@@ -157,7 +160,7 @@ def test_dashboard_grid_follows_load(stack: Stack, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", ["/dashboard", "/dashboard/state"])
 def test_dashboard_needs_no_external_assets(stack: Stack, path: str) -> None:
-    resp = httpx.get(f"{stack.config.router_url}{path}")
+    resp = httpx.get(f"{stack.config.router_admin_url}{path}")
     assert resp.status_code == 200
     if path == "/dashboard":
         assert "http://" not in resp.text and "https://" not in resp.text

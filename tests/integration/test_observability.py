@@ -197,7 +197,7 @@ def test_request_id_header_in_and_out(traffic: dict[str, Any]) -> None:
 
 
 def test_router_metrics(stack: Stack, traffic: dict[str, Any]) -> None:
-    samples, _ = scrape(f"{stack.config.router_url}/metrics")
+    samples, _ = scrape(f"{stack.config.router_admin_url}/metrics")
     completions = {"route": "/v1/completions", "status": "200"}
     assert total(samples, "quire_router_requests_total", **completions) >= 3
     assert total(samples, "quire_router_requests_total", route="/v1/chat/completions") >= 1
@@ -269,7 +269,7 @@ def test_memory_manager_metrics(stack: Stack, traffic: dict[str, Any]) -> None:
 def test_dashboard_queries_only_live_metrics(stack: Stack, traffic: dict[str, Any]) -> None:
     c = stack.config
     urls = [
-        f"{c.router_url}/metrics",
+        f"{c.router_admin_url}/metrics",
         f"http://{c.host}:{c.memory_manager_metrics_port}/metrics",
         *executor_urls(stack).values(),
     ]

@@ -244,5 +244,5 @@ def test_dead_executor_stops_receiving_traffic(stack: Stack) -> None:
             served.add(r.headers["x-quire-executor"])
     assert served == {"executor-0"}, served
     assert failures == 0
-    status = httpx.get(f"{stack.config.router_url}/cluster/status").json()["executors"]
+    status = httpx.get(f"{stack.config.router_admin_url}/cluster/status").json()["executors"]
     assert not any(e["id"] == "executor-1" and e["healthy"] for e in status)

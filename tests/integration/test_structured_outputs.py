@@ -407,7 +407,7 @@ def test_tool_call_history_is_answered(client: openai.OpenAI, stream: bool) -> N
 def plain_router(smol_stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A second router over the same executors, with tool_chat_template=none."""
     port = free_port()
-    config = dataclasses.replace(smol_stack.config, router_port=port)
+    config = dataclasses.replace(smol_stack.config, router_port=port, router_admin_port=free_port())
     (router,) = [p for p in stack_processes(config) if p.name == "router"]
     argv = [*router.argv, "--tool-chat-template", "none"]
     log = (tmp_path_factory.mktemp("plain-router") / "router.log").open("w")

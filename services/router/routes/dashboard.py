@@ -1,4 +1,5 @@
-"""The live KV-cache dashboard: GET /dashboard (one self-contained page), GET /dashboard/state.
+"""The live KV-cache dashboard: GET /dashboard (one self-contained page), GET /dashboard/state,
+both on the admin port (services.router.admin).
 
 The page polls /dashboard/state about twice a second and draws every executor's KV blocks
 as a grid of squares. The states are the memory manager's own (`GetBlockStates`: one byte

@@ -1,4 +1,5 @@
-"""Operations: GET /health, /metrics and /cluster/status."""
+"""Operations: GET /health (`router`, on both ports), /metrics and /cluster/status (`admin`,
+on the admin port only)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from services.router.errors import error_body
 from services.router.schemas import ClusterStatus, ExecutorStatusOut, HashGroupOut, HashParamsOut
 
 router = APIRouter(tags=["ops"])
+admin = APIRouter(tags=["ops"])
 
 
 @router.get("/health", response_model=None)
@@ -28,7 +30,7 @@ async def health(state: StateDep) -> JSONResponse:
     return JSONResponse({"status": "ok", "executors": len(live), "source": view.source})
 
 
-@router.get("/metrics")
+@admin.get("/metrics")
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format."""
     # Refresh a stale executor view first, so the gauge tells what /health would answer now.
@@ -37,7 +39,7 @@ async def metrics(state: StateDep) -> Response:
     return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/cluster/status")
+@admin.get("/cluster/status")
 async def cluster_status(state: StateDep) -> ClusterStatus:
     """Every executor in the registry, live or expired, with its load and block hashing."""
     view = await state.directory.view()

@@ -30,7 +30,7 @@ from quire.cluster.registry import (
     executors_key,
     prefix_key,
 )
-from services.router.main import create_app
+from services.router.main import create_apps
 from services.router.prompts import load_tokenizer
 from services.router.settings import RouterSettings
 from services.router.state import RouterState
@@ -61,11 +61,12 @@ class BackgroundLoop:
 
 @dataclass
 class RouterHandle:
-    """A running router: its base URL and clients for it."""
+    """A running router: its public and admin base URLs and clients for them."""
 
-    base_url: str
-    server: uvicorn.Server
-    task: asyncio.Task[None]
+    base_url: str  # the public app: /v1/*, /health, /tokenize
+    admin_url: str  # the admin app: /metrics, /cluster/status, /dashboard, /docs, /openapi.json
+    servers: list[uvicorn.Server]
+    tasks: list[asyncio.Task[None]]
     settings: RouterSettings
     app: FastAPI
 
@@ -81,9 +82,11 @@ class RouterHandle:
     def http(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=kwargs.pop("timeout", 10), **kwargs)
 
+    def admin(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.admin_url, timeout=kwargs.pop("timeout", 10), **kwargs)
 
-async def _start_router(settings: RouterSettings) -> RouterHandle:
-    app = create_app(settings)
+
+async def _serve(app: FastAPI) -> tuple[uvicorn.Server, asyncio.Task[None], str]:
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -92,12 +95,23 @@ async def _start_router(settings: RouterSettings) -> RouterHandle:
             task.result()
         await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
-    return RouterHandle(f"http://127.0.0.1:{port}", server, task, settings, app)
+    return server, task, f"http://127.0.0.1:{port}"
+
+
+async def _start_router(settings: RouterSettings) -> RouterHandle:
+    """Both apps on free ports, as `python -m services.router` serves them."""
+    apps = create_apps(settings)
+    public, public_task, public_url = await _serve(apps.public)
+    admin, admin_task, admin_url = await _serve(apps.admin)
+    return RouterHandle(
+        public_url, admin_url, [public, admin], [public_task, admin_task], settings, apps.public
+    )
 
 
 async def _stop_router(handle: RouterHandle) -> None:
-    handle.server.should_exit = True
-    await asyncio.wait_for(handle.task, 10)
+    for server in handle.servers:
+        server.should_exit = True
+    await asyncio.wait_for(asyncio.gather(*handle.tasks), 10)
 
 
 @dataclass

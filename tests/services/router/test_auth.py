@@ -34,16 +34,20 @@ def test_api_keys_check_and_parse(tmp_path: Path) -> None:
 
 def test_keys_required_on_protected_routes(cluster: Cluster) -> None:
     router = cluster.router(api_keys=[KEY, OTHER])
-    with router.http() as http:
+    with router.http() as http, router.admin() as admin:
         missing = http.get("/v1/models")
         wrong = http.get("/v1/models", headers={"Authorization": "Bearer sk-wrong-key"})
         posted = http.post("/v1/completions", json={"prompt": "hi"})
+        headers = {"Authorization": f"Bearer {OTHER}"}
         ok = {
-            path: http.get(path, headers={"Authorization": f"Bearer {OTHER}"}).status_code
-            for path in ("/v1/models", "/cluster/status")
+            "/v1/models": http.get("/v1/models", headers=headers).status_code,
+            "/cluster/status": admin.get("/cluster/status", headers=headers).status_code,
         }
-        open_routes = {path: http.get(path).status_code for path in ("/health", "/metrics")}
-        closed = [http.get(p).status_code for p in ("/cluster/status", "/dashboard/state")]
+        open_routes = {
+            "/health": http.get("/health").status_code,
+            "/metrics": admin.get("/metrics").status_code,
+        }
+        closed = [admin.get(p).status_code for p in ("/cluster/status", "/dashboard/state")]
     for response in (missing, wrong, posted):
         assert response.status_code == 401
         assert response.headers["www-authenticate"] == "Bearer"

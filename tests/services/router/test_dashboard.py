@@ -35,9 +35,9 @@ def manager() -> Iterator[ManagerThread]:
 def test_state_has_the_pools_block_states(cluster: Cluster, manager: ManagerThread) -> None:
     cluster.publish("ex-a", num_running=1, num_waiting=2)
     router = cluster.router(memory_manager=manager.target)
-    with router.http() as http:
-        state = http.get("/dashboard/state").json()
-        page = http.get("/dashboard")
+    with router.admin() as admin:
+        state = admin.get("/dashboard/state").json()
+        page = admin.get("/dashboard")
     assert state["error"] is None and state["memory_manager"] == manager.target
     by_id = {e["id"]: e for e in state["executors"]}
     assert list(by_id) == ["ex-a", "ex-b", "ex-c"]
@@ -55,8 +55,8 @@ def test_state_has_the_pools_block_states(cluster: Cluster, manager: ManagerThre
 def test_state_says_when_the_manager_cannot_be_asked(cluster: Cluster, address: str) -> None:
     target = f"127.0.0.1:{free_port()}" if address else ""
     router = cluster.router(memory_manager=target)
-    with router.http() as http:
-        state = http.get("/dashboard/state").json()
+    with router.admin() as admin:
+        state = admin.get("/dashboard/state").json()
     assert [e["id"] for e in state["executors"]] == ["ex-a", "ex-b", "ex-c"]
     assert all(e["states"] == "" for e in state["executors"])
     assert ("UNAVAILABLE" if address else "no memory manager configured") in state["error"]

@@ -38,8 +38,8 @@ def test_shared_prefix_goes_to_the_holder(cluster: Cluster) -> None:
     cluster.seed_prefix(holder, PROMPT[:32])
     # A sibling sharing the two cached blocks, with a different tail.
     assert served_by(router, PROMPT[:32] + [7, 8, 9]) == holder
-    with router.http() as http:
-        metrics = http.get("/metrics").text
+    with router.admin() as admin:
+        metrics = admin.get("/metrics").text
     assert 'quire_router_routing_decisions_total{reason="prefix_hit"} 1.0' in metrics
     assert 'quire_router_routing_decisions_total{reason="consistent_hash"} 1.0' in metrics
 
@@ -66,8 +66,8 @@ def test_stale_epoch_and_expired_records_are_ignored(cluster: Cluster) -> None:
     assert served_by(router, PROMPT) == consistent_choice(
         [e for e in cluster.fakes if e != fresh], PROMPT
     )
-    with router.http() as http:
-        status = http.get("/cluster/status").json()
+    with router.admin() as admin:
+        status = admin.get("/cluster/status").json()
     expired = [e for e in status["executors"] if e["id"] == fresh]
     assert expired == [
         {
@@ -92,8 +92,8 @@ def test_hot_prefix_is_capped_by_load(cluster: Cluster) -> None:
     cluster.publish(ids[1], num_running=1)
     router = cluster.router()
     assert served_by(router, PROMPT) == ids[2]
-    with router.http() as http:
-        assert 'reason="prefix_capped"} 1.0' in http.get("/metrics").text
+    with router.admin() as admin:
+        assert 'reason="prefix_capped"} 1.0' in admin.get("/metrics").text
 
 
 def test_short_prompts_hash_consistently(cluster: Cluster) -> None:
@@ -113,9 +113,9 @@ def test_unavailable_executor_is_retried_elsewhere(cluster: Cluster) -> None:
     assert winner in cluster.fakes
     # Marked down locally: the next request does not try it again.
     assert served_by(router, PROMPT) == winner
-    with router.http() as http:
-        metrics = http.get("/metrics").text
-        status = http.get("/cluster/status").json()
+    with router.admin() as admin:
+        metrics = admin.get("/metrics").text
+        status = admin.get("/cluster/status").json()
     assert "quire_router_executor_retries_total 1.0" in metrics
     dead_status = next(e for e in status["executors"] if e["id"] == "ex-dead")
     assert dead_status["healthy"] is False and dead_status["address"] == dead
@@ -144,9 +144,9 @@ def test_redis_outage_keeps_serving(cluster: Cluster, redis_server: RedisServer)
         served.add(response.headers.get("x-quire-executor", ""))
     assert failures == 0
     assert served <= set(cluster.fakes)
-    with router.http() as http:
+    with router.http() as http, router.admin() as admin:
         health = http.get("/health")
-        status = http.get("/cluster/status").json()
+        status = admin.get("/cluster/status").json()
     assert health.status_code == 200 and health.json()["source"] == "last_seen"
     assert status["source"] == "last_seen" and len(status["executors"]) == 3
     # Redis comes back empty (no persistence): the executors seen last carry on until
@@ -177,7 +177,7 @@ def test_cached_tokens_reported_in_usage_and_metrics(cluster: Cluster) -> None:
     assert out.usage is not None and out.usage.prompt_tokens == 40
     assert out.usage.prompt_tokens_details is not None
     assert out.usage.prompt_tokens_details.cached_tokens == 32
-    with router.http() as http:
-        metrics = http.get("/metrics").text
+    with router.admin() as admin:
+        metrics = admin.get("/metrics").text
     assert "quire_router_prefix_hit_ratio 0.8" in metrics
     assert "quire_router_time_to_first_token_seconds_count 1.0" in metrics

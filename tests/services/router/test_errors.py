@@ -119,11 +119,11 @@ def test_executor_invalid_argument_is_400(cluster: Cluster) -> None:
 
 def test_no_executor_503(cluster: Cluster) -> None:
     router = cluster.router(redis_prefix="empty-prefix")
-    with router.http() as http:
+    with router.http() as http, router.admin() as admin:
         error = assert_error(http.post("/v1/completions", json={"prompt": "x"}), 503)
         assert error["type"] == "service_unavailable_error"
         assert_error(http.get("/health"), 503)
-        metrics = http.get("/metrics").text
+        metrics = admin.get("/metrics").text
     assert 'quire_router_admission_rejections_total{code="503"} 1.0' in metrics
 
 

@@ -38,10 +38,10 @@ def test_request_id_from_header(header: str, kept: bool) -> None:
 def test_request_ids_and_durations(cluster: Cluster) -> None:
     router = cluster.router()
     body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}
-    with router.http() as http:
+    with router.http() as http, router.admin() as admin:
         kept = http.post("/v1/completions", json=body, headers={"x-request-id": "rid-1"})
         replaced = http.post("/v1/completions", json=body, headers={"x-request-id": "r 1"})
-        text = http.get("/metrics").text
+        text = admin.get("/metrics").text
     assert kept.headers["x-request-id"] == "rid-1"
     assert re.fullmatch(r"[0-9a-f]{32}", replaced.headers["x-request-id"])
     assert 'quire_router_request_duration_seconds_count{route="/v1/completions"} 2.0' in text

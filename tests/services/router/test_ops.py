@@ -27,8 +27,8 @@ def test_cluster_status_shape(cluster: Cluster) -> None:
     cluster.publish("ex-a", num_running=3, num_waiting=1, kv_blocks_used=40, kv_blocks_cached=12)
     cluster.publish("ex-b", draining=True)
     router = cluster.router()
-    with router.http() as http:
-        status = http.get("/cluster/status").json()
+    with router.admin() as admin:
+        status = admin.get("/cluster/status").json()
     by_id = {e["id"]: e for e in status["executors"]}
     assert set(by_id) == {"ex-a", "ex-b", "ex-c"}
     assert by_id["ex-a"] == {
@@ -69,9 +69,9 @@ def test_records_of_other_models_are_ignored(cluster: Cluster) -> None:
 def test_metrics_families(cluster: Cluster) -> None:
     router = cluster.router()
     router.openai().completions.create(model=MODEL_NAME, prompt="x", max_tokens=1)
-    with router.http() as http:
+    with router.http() as http, router.admin() as admin:
         http.post("/v1/completions", json={"prompt": "x", "top_p": 9})
-        text = http.get("/metrics").text
+        text = admin.get("/metrics").text
     for family in (
         "quire_router_requests_total",
         "quire_router_routing_decisions_total",
@@ -87,13 +87,15 @@ def test_metrics_families(cluster: Cluster) -> None:
 def test_healthy_executors_gauge_tells_what_health_answers(cluster: Cluster) -> None:
     """The gauge behind the QuireNoHealthyExecutor alert, refreshed when /metrics is scraped."""
     cluster.publish("ex-b", draining=True)
-    with cluster.router().http() as http:
+    router = cluster.router()
+    with router.http() as http, router.admin() as admin:
         assert http.get("/health").json()["executors"] == 2
-        assert "quire_router_healthy_executors 2.0" in http.get("/metrics").text
+        assert "quire_router_healthy_executors 2.0" in admin.get("/metrics").text
     for executor_id in cluster.fakes:
         cluster.publish(executor_id, model="some-other-model")
-    with cluster.router().http() as http:
-        assert "quire_router_healthy_executors 0.0" in http.get("/metrics").text
+    router = cluster.router()
+    with router.http() as http, router.admin() as admin:
+        assert "quire_router_healthy_executors 0.0" in admin.get("/metrics").text
         assert http.get("/health").status_code == 503
 
 

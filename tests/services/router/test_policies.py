@@ -26,9 +26,9 @@ def test_round_robin_cycles_whatever_the_cache(cluster: Cluster) -> None:
     cluster.seed_prefix("ex-c", PROMPT)
     router = cluster.router(routing_policy="round-robin")
     assert [served_by(router, PROMPT) for _ in range(4)] == ["ex-a", "ex-b", "ex-c", "ex-a"]
-    with router.http() as http:
-        assert http.get("/cluster/status").json()["routing_policy"] == "round-robin"
-        metrics = http.get("/metrics").text
+    with router.admin() as admin:
+        assert admin.get("/cluster/status").json()["routing_policy"] == "round-robin"
+        metrics = admin.get("/metrics").text
     assert 'quire_router_routing_decisions_total{reason="round_robin"} 4.0' in metrics
 
 
@@ -70,9 +70,9 @@ def test_executors_that_disagree_on_block_size_are_loud(cluster: Cluster) -> Non
     # Routing still works by the documented rule: the majority's hashes, prefix hits from
     # the executors that agree.
     assert served_by(router, PROMPT) == "ex-c"
-    with router.http() as http:
-        status = http.get("/cluster/status").json()
-        metrics = http.get("/metrics").text
+    with router.admin() as admin:
+        status = admin.get("/cluster/status").json()
+        metrics = admin.get("/metrics").text
     assert status["hash_params"]["mismatch"] is True
     assert status["hash_params"]["block_size"] == 16
     assert status["hash_params"]["disagreeing"] == ["ex-a"]
@@ -90,9 +90,9 @@ def test_executor_extra_key_replaces_the_router_flag(cluster: Cluster) -> None:
     cluster.redis.sadd(f"{cluster.prefix}:prefix:ex-b:7", *hashes)
     router = cluster.router()
     assert served_by(router, PROMPT) == "ex-b"
-    with router.http() as http:
-        status = http.get("/cluster/status").json()
-        metrics = http.get("/metrics").text
+    with router.admin() as admin:
+        status = admin.get("/cluster/status").json()
+        metrics = admin.get("/metrics").text
     assert status["hash_params"]["mismatch"] is False
     assert (status["hash_params"]["block_size"], status["hash_params"]["extra_key"]) == (
         8,

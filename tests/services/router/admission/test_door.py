@@ -14,7 +14,7 @@ def test_overload_is_refused_before_the_body_is_parsed(cluster: Cluster, tokeniz
     slow = Script(tokens=tokenizer.encode(" tick" * 40, add_special_tokens=False), delay_s=0.1)
     cluster.script(slow)
     router = cluster.router(max_pending_total=1, retry_after_s=3)
-    with router.http() as http:
+    with router.http() as http, router.admin() as admin:
         # With a free slot a malformed body is a 400 naming the problem ...
         assert_error(
             http.post(
@@ -39,8 +39,8 @@ def test_overload_is_refused_before_the_body_is_parsed(cluster: Cluster, tokeniz
                 assert error["code"] == "rate_limit_exceeded"
                 assert "in flight" in error["message"]
             assert http.get("/v1/models").status_code == 200  # only generation is gated
-        wait_for(lambda: "quire_router_in_flight_requests 0.0" in http.get("/metrics").text, 5)
-        metrics = http.get("/metrics").text
+        wait_for(lambda: "quire_router_in_flight_requests 0.0" in admin.get("/metrics").text, 5)
+        metrics = admin.get("/metrics").text
         assert 'quire_router_admission_rejections_total{code="429"} 2.0' in metrics
         cluster.script(Script(tokens=[50, 2]))
         assert http.post("/v1/completions", json={"prompt": "z"}).status_code == 200

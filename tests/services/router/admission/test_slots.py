@@ -55,7 +55,7 @@ def test_admission_429_and_disconnect_aborts(cluster: Cluster, tokenizer: Any) -
     slow = Script(tokens=tokenizer.encode(" tick" * 40, add_special_tokens=False), delay_s=0.1)
     cluster.script(slow)
     router = cluster.router(max_pending_total=1, retry_after_s=2)
-    with router.http() as http:
+    with router.http() as http, router.admin() as admin:
         with http.stream(
             "POST", "/v1/completions", json={"prompt": "x", "max_tokens": 40, "stream": True}
         ) as held:
@@ -71,9 +71,9 @@ def test_admission_429_and_disconnect_aborts(cluster: Cluster, tokenizer: Any) -
         fake = cluster.fakes[executor_id].executor
         wait_for(lambda: len(fake.cancelled) == 1, 5, "the executor call to be cancelled")
         assert fake.completed == []
-        metrics = http.get("/metrics").text
+        metrics = admin.get("/metrics").text
         assert 'quire_router_admission_rejections_total{code="429"} 1.0' in metrics
-        wait_for(lambda: "quire_router_in_flight_requests 0.0" in http.get("/metrics").text, 5)
+        wait_for(lambda: "quire_router_in_flight_requests 0.0" in admin.get("/metrics").text, 5)
         cluster.script(Script(tokens=[50, 2]))
         assert http.post("/v1/completions", json={"prompt": "z"}).status_code == 200
 
