@@ -15,6 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: compose-up compose-down compose-test chaos-compose
 .PHONY: peer-vllm data kernels-cpu kernels-check bench-routing gpu-kit
 .PHONY: docs-metrics promtool
+.PHONY: docs-config
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -140,6 +141,11 @@ compose: $(STAMP)
 # docs/metrics.md is generated from the services' metric registries (a test fails while stale).
 docs-metrics: $(STAMP)
 	$(PY) -m services.observability.metrics_reference
+
+# docs/configuration.md's reference is generated from the services' settings classes (a test
+# fails while stale).
+docs-config: $(STAMP)
+	$(PY) -m services.common.config_reference
 
 # promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/alerts.yml.
 promtool:
