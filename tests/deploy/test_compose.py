@@ -325,7 +325,7 @@ def test_prometheus_scrapes_every_metrics_port_of_the_stack(
         for static in job["static_configs"]
         for t in static["targets"]
     }
-    expected = {f"router:{CONTAINER_CONFIG.router_port}"}
+    expected = {f"router:{CONTAINER_CONFIG.router_admin_port}"}  # /metrics: the admin port
     for name, spec in specs.items():
         if "--metrics-port" in spec.argv:
             expected.add(f"{name}:{spec.argv[spec.argv.index('--metrics-port') + 1]}")

@@ -128,7 +128,7 @@ def test_dashboard_is_grafana_json_over_exposed_metrics() -> None:
 def test_prometheus_scrapes_the_default_stack_ports() -> None:
     c = StackConfig()
     ports = {
-        "router": c.router_port,
+        "router": c.router_admin_port,  # /metrics is on the admin port
         "memory-manager": c.memory_manager_metrics_port,
         **{f"executor-{i}": c.executor_base_metrics_port + i for i in range(c.num_executors)},
     }
