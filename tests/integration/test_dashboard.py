@@ -64,7 +64,14 @@ def knows_memory_manager(stack: Stack) -> str:
     return stack.config.router_url
 
 
-def stream_completion(url: str, prompt: str, max_tokens: int, errors: list[str]) -> None:
+def stream_completion(
+    url: str,
+    prompt: str,
+    max_tokens: int,
+    errors: list[str],
+    first_token: threading.Event | None = None,
+) -> None:
+    """Stream one completion; set `first_token` once its first chunk arrives."""
     body = {
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -74,7 +81,12 @@ def stream_completion(url: str, prompt: str, max_tokens: int, errors: list[str])
     }
     try:
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as resp:
-            lines = [line for line in resp.iter_lines() if line.startswith("data:")]
+            lines = []
+            for line in resp.iter_lines():
+                if line.startswith("data:"):
+                    lines.append(line)
+                    if first_token is not None:
+                        first_token.set()
         if resp.status_code != 200 or lines[-1] != "data: [DONE]":
             errors.append(f"{resp.status_code}: {lines[-2:]}")
     except httpx.HTTPError as exc:
@@ -111,23 +123,35 @@ def test_dashboard_grid_follows_load(stack: Stack, tmp_path: Path) -> None:
             assert not page.is_visible("#error"), page.inner_text("#error")
 
             # A finished request first (its full blocks stay cached), then six streams of
-            # two tenants, each tenant sharing a system prompt; started a little apart so
-            # that later ones hit the blocks the first of their tenant committed.
+            # two tenants, each tenant sharing a system prompt. The first stream of each
+            # tenant is under way (its prompt prefilled, its full blocks committed) before
+            # the others start, so that they hit those blocks however slow the machine is.
             errors: list[str] = []
             stream_completion(url, "Warm the cache with an unrelated prompt. " * 8, 4, errors)
+            started = [threading.Event() for _ in range(6)]
             threads = [
                 threading.Thread(
                     target=stream_completion,
-                    args=(url, f"{TENANTS[i % 2]}Question {i}: how are blocks freed?", 160, errors),
+                    args=(
+                        url,
+                        f"{TENANTS[i % 2]}Question {i}: how are blocks freed?",
+                        160,
+                        errors,
+                        started[i],
+                    ),
                 )
                 for i in range(6)
             ]
             peak = {"used": 0, "shared": 0}
             shot_at = 0  # blocks in use when the screenshot was last taken
             SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-            for thread in threads:
+            leaders, followers = threads[:2], threads[2:]
+            for thread in leaders:
                 thread.start()
-                time.sleep(0.15)
+            for event in started[:2]:
+                assert event.wait(timeout=60), "a tenant's first stream sent nothing"
+            for thread in followers:
+                thread.start()
             while any(t.is_alive() for t in threads):
                 now = counts(page)
                 peak = {k: max(peak[k], now[k]) for k in peak}
