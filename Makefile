@@ -12,7 +12,7 @@ RPC_STAMP := services/rpc/__init__.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: help install proto redis chromium model up down test test-fast lint format bench-engine bench-serving bench-structured bench-kernels bench-step loadtest gpu-check clean compose images chaos
-.PHONY: compose-up compose-down compose-test chaos-compose
+.PHONY: compose-up compose-down compose-test chaos-compose images-push images-load
 .PHONY: peer-vllm data kernels-cpu kernels-check bench-routing gpu-kit
 .PHONY: docs-metrics promtool
 .PHONY: docs-config
@@ -36,6 +36,8 @@ help:
 	@echo "make compose       regenerate compose.yaml from the stack's process list"
 	@echo "make docs-metrics  regenerate docs/metrics.md from the services' metric registries"
 	@echo "make images        docker build the service images (VARIANT=cpu|cuda), no registry needed"
+	@echo "make images-push   tag and push them to REGISTRY=host/path (VARIANT=cpu|cuda)"
+	@echo "make images-load   load them into a local cluster (K8S_LOADER=kind|minikube)"
 	@echo "make compose-up    docker-compose up the stack (installs Docker if missing), waits for /health"
 	@echo "make compose-down  stop it"
 	@echo "make compose-test  check the compose stack: the model answers, streaming, routing, Prometheus"
@@ -151,19 +153,22 @@ docs-config: $(STAMP)
 promtool:
 	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus; }
 
-# The service images. CPU: Docker from Debian's packages if missing, a debootstrap base when
+# The service images, tagged as k8s/overlays/$(VARIANT) names them (deploy/docker/images.sh list
+# cpu|cuda). CPU: Docker from Debian's packages if missing, a debootstrap base when
 # python:3.11-slim-bookworm cannot be pulled, torch from the local wheel pip's find-links holds,
 # Redis/Prometheus from Debian's packages when their images cannot be pulled (docs/compose.md).
-# VARIANT=cuda builds the CUDA images with a plain `docker build` (needs a registry).
+# VARIANT=cuda also builds quire-executor:cuda with a plain `docker build` (needs a registry);
+# the router and memory manager stay on the CPU images. images-push: REGISTRY=host/path;
+# images-load: K8S_LOADER=kind|minikube (k8s/README.md).
 VARIANT ?= cpu
 images:
-ifeq ($(VARIANT),cpu)
-	deploy/docker/compose.sh images
-else
-	for target in memory-manager executor router; do \
-		docker build --build-arg VARIANT=$(VARIANT) --target $$target -t quire-$$target:$(VARIANT) . || exit 1; \
-	done
-endif
+	deploy/docker/images.sh build $(VARIANT)
+
+images-push:
+	deploy/docker/images.sh push $(VARIANT)
+
+images-load:
+	deploy/docker/images.sh load $(VARIANT)
 
 # The compose stack for real (docker-compose project "quire", router on 127.0.0.1:8000). Never
 # part of `make test`: the first build takes minutes and the stack wants more than 2 cores.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,9 @@ from tests.deploy.crd_schemas import CRD_SCHEMAS
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
-# The oldest Kubernetes the manifests target (native sidecars and gRPC probes are GA) and the
-# newest kubernetes-validate knows.
-K8S_VERSIONS = ("1.33", kubernetes_validate.utils.latest_version())
+# The oldest Kubernetes the manifests target (1.29: native sidecars on by default; k8s/README.md
+# states it), the first where native sidecars are GA, and the newest kubernetes-validate knows.
+K8S_VERSIONS = ("1.29", "1.33", kubernetes_validate.utils.latest_version())
 KUSTOMIZATIONS = ["overlays/cpu", "overlays/cuda", "monitoring", "keda"]
 IMAGE_MODULES = {
     "quire-router": "services.router",
@@ -200,7 +201,10 @@ def test_ports_match_the_stack_and_the_probes(cpu: list[Doc]) -> None:
     c = CONTAINER_CONFIG
     # module -> {container port name: (settings field, the stack's port)}
     expected = {
-        "services.router": {"http": ("port", c.router_port)},
+        "services.router": {
+            "http": ("port", c.router_port),
+            "admin": ("admin_port", c.router_admin_port),
+        },
         "services.memory_manager": {
             "mm-grpc": ("port", c.memory_manager_port),
             "mm-metrics": ("metrics_port", c.memory_manager_metrics_port),
@@ -252,8 +256,14 @@ def test_cuda_overlay_differs_only_by_the_executor_gpu(rendered: dict[str, list[
     cpu, cuda = rendered["overlays/cpu"], rendered["overlays/cuda"]
     assert [kustomize.object_key(d) for d in cpu] == [kustomize.object_key(d) for d in cuda]
     for a, b in zip(cpu, cuda, strict=True):
-        if a["kind"] != "StatefulSet":
+        if a["kind"] not in ("StatefulSet", "HorizontalPodAutoscaler"):
             assert a == b
+    # One GPU per executor: the floor is one executor, so one GPU runs the overlay.
+    hpa = find(cuda, "HorizontalPodAutoscaler", "quire-executor")["spec"]
+    assert hpa["minReplicas"] == 1
+    assert find(cuda, "HorizontalPodAutoscaler", "quire-router") == find(
+        cpu, "HorizontalPodAutoscaler", "quire-router"
+    )
     images = {c["name"]: c["image"] for _, c in workloads(cuda)}
     assert images == {
         "redis": "redis:7.4-alpine",
@@ -331,7 +341,7 @@ def test_services_pdbs_and_monitors_select_real_pods_and_ports(
     monitored = {
         e["port"] for d in docs if d["kind"] == "ServiceMonitor" for e in d["spec"]["endpoints"]
     }
-    assert monitored == {"http", "metrics", "mm-metrics"}
+    assert monitored == {"admin", "metrics", "mm-metrics"}
 
 
 def test_autoscaling(rendered: dict[str, list[Doc]]) -> None:
@@ -383,11 +393,18 @@ def test_only_the_router_is_reachable_from_outside_the_namespace(
             labels = policy["spec"]["podSelector"]["matchLabels"]
             assert labels["app.kubernetes.io/component"] == "router", policy["metadata"]["name"]
             assert rule["ports"] == [{"protocol": "TCP", "port": router_port}]
-    (scrape,) = [d for d in rendered["monitoring"] if d["kind"] == "NetworkPolicy"]
-    (rule,) = scrape["spec"]["ingress"]
-    assert {p["port"] for p in rule["ports"]} == {
-        CONTAINER_CONFIG.executor_base_metrics_port,
-        CONTAINER_CONFIG.memory_manager_metrics_port,
+    # Prometheus' namespace reaches the metrics ports only: executors, managers, router admin.
+    scraped = {
+        (p["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], port["port"])
+        for p in rendered["monitoring"]
+        if p["kind"] == "NetworkPolicy"
+        for rule in p["spec"]["ingress"]
+        for port in rule["ports"]
+    }
+    assert scraped == {
+        ("executor", CONTAINER_CONFIG.executor_base_metrics_port),
+        ("executor", CONTAINER_CONFIG.memory_manager_metrics_port),
+        ("router", CONTAINER_CONFIG.router_admin_port),
     }
 
 
@@ -414,3 +431,57 @@ def test_generated_files_stay_inside_the_kustomization(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="outside the kustomization"):
         kustomize.build(tmp_path / "k")
+
+
+def test_overlays_run_the_images_make_images_builds(rendered: dict[str, list[Doc]]) -> None:
+    """`make images VARIANT=v` tags what k8s/overlays/v runs (deploy/docker/images.sh list)."""
+    for variant in ("cpu", "cuda"):
+        listed = subprocess.run(
+            ["bash", str(REPO / "deploy" / "docker" / "images.sh"), "list", variant],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        used = {
+            c["image"]
+            for _, c in workloads(rendered[f"overlays/{variant}"])
+            if c["image"].rsplit(":", 1)[0] in IMAGE_MODULES
+        }
+        assert used == set(listed), variant
+    unknown = subprocess.run(
+        ["bash", str(REPO / "deploy" / "docker" / "images.sh"), "list", "gpu"],
+        capture_output=True,
+        text=True,
+    )
+    assert unknown.returncode != 0 and "cpu or cuda" in unknown.stderr
+
+
+def test_outside_traffic_reaches_only_the_authenticated_api(cpu: list[Doc]) -> None:
+    """The Ingress routes /v1 and /health only, to the public port; keys come from a Secret."""
+    (ingress,) = kustomize.load_docs(K8S / "extras" / "router-ingress.yaml")
+    (rule,) = ingress["spec"]["rules"]
+    routes = {
+        (p["path"], p["pathType"], p["backend"]["service"]["port"]["name"])
+        for p in rule["http"]["paths"]
+    }
+    assert routes == {("/v1", "Prefix", "http"), ("/health", "Exact", "http")}
+    (balancer,) = kustomize.load_docs(K8S / "extras" / "router-loadbalancer.yaml")
+    assert [p["targetPort"] for p in balancer["spec"]["ports"]] == ["http"]
+    service = find(cpu, "Service", "quire-router")
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    assert ports == {
+        "http": CONTAINER_CONFIG.router_port,
+        "admin": CONTAINER_CONFIG.router_admin_port,
+    }
+    # The router reads its keys from a file the Secret quire-api-keys mounts (not optional).
+    pod = find(cpu, "Deployment", "quire-router")["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    configmaps = {d["metadata"]["name"]: d["data"] for d in cpu if d["kind"] == "ConfigMap"}
+    env = container_env(router, configmaps)
+    settings = service_flags.parse("services.router", [expand(a, env) for a in router["args"]], env)
+    keys_file = Path(settings.api_keys_file)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (mount,) = [m for m in router["volumeMounts"] if keys_file.parent == Path(m["mountPath"])]
+    secret = volumes[mount["name"]]["secret"]
+    assert secret["secretName"] == "quire-api-keys" and not secret.get("optional", False)
+    assert keys_file.name == "keys"
