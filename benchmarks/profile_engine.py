@@ -37,9 +37,9 @@ from benchmarks.offline.quire_run import warm_up_quire, warmup_workload
 from benchmarks.offline.workloads import build_workload
 from benchmarks.step_size import serve
 from quire import LLM, SamplingParams
+from quire.block.tables import BlockTables
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
-from quire.engine.scheduler import live_sequences
 from quire.engine.stats import StepStats
 from services.executor.remote_allocator import RemoteBlockAllocator
 
@@ -129,9 +129,8 @@ def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(ports,), daemon=True)
     server.start()
     target = f"127.0.0.1:{ports.get(timeout=60)}"
-    holder: list[LLMEngine] = []
 
-    def make(num_blocks: int) -> RemoteBlockAllocator:
+    def make(num_blocks: int, tables: BlockTables) -> RemoteBlockAllocator:
         return RemoteBlockAllocator(
             target,
             "profile",
@@ -140,11 +139,10 @@ def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
             config.block_size,
             config.enable_prefix_caching,
             "",
-            lambda: live_sequences(holder[0].scheduler),
+            tables,
         )
 
     engine = LLMEngine(config, allocator_factory=make)
-    holder.append(engine)
     allocator = engine.allocator
     assert isinstance(allocator, RemoteBlockAllocator)
     allocator.register()

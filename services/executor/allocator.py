@@ -8,13 +8,12 @@ from collections.abc import Callable
 import structlog
 
 from quire.block.allocator import BlockAllocator, StepAllocation
-from quire.block.restore import LiveSequenceState
+from quire.block.tables import BlockTables
 from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
 from services.executor.settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
 
 log = structlog.get_logger("quire.executor.allocator")
 
-LiveSequences = Callable[[], list[LiveSequenceState]]
 StepMetadata = Callable[[StepAllocation], tuple[tuple[str, str], ...]]
 
 
@@ -23,19 +22,18 @@ def allocator_factory(
     executor_id: str,
     epoch: int,
     address: str,
-    live_sequences: LiveSequences,
     step_metadata: StepMetadata | None = None,
-) -> Callable[[int], BlockAllocator] | None:
+) -> Callable[[int, BlockTables], BlockAllocator] | None:
     """A factory the engine calls once it has sized the pool; None for the in-process one.
 
-    `live_sequences` is only called by the remote allocator when it re-registers (its
-    memory manager lost state); it runs on the engine thread, inside a step.
+    The engine passes its block tables, which the remote allocator re-registers from when
+    its memory manager lost state (on the engine thread, inside a step).
     `step_metadata` gives the gRPC metadata of each Step call (the request ids it touches).
     """
     if settings.memory_manager == LOCAL_MEMORY_MANAGER:
         return None
 
-    def make(num_blocks: int) -> BlockAllocator:
+    def make(num_blocks: int, tables: BlockTables) -> BlockAllocator:
         return RemoteBlockAllocator(
             target=settings.memory_manager,
             executor_id=executor_id,
@@ -44,7 +42,7 @@ def allocator_factory(
             block_size=settings.block_size,
             enable_prefix_caching=settings.enable_prefix_caching,
             address=address,
-            live_sequences=live_sequences,
+            tables=tables,
             timeout_s=settings.memory_manager_timeout_s,
             step_metadata=step_metadata,
             tls_ca=settings.tls_ca,

@@ -15,24 +15,23 @@ When Step fails with NOT_FOUND (the manager restarted and forgot us) or
 UNAVAILABLE / DEADLINE_EXCEEDED (it is down, or the answer was lost, so the step
 may or may not have been applied), the client:
 
-1. re-registers with `live_sequences()`, the executor's truth BEFORE this step's
-   changes (token ids and block tables as the allocator last granted them, and
-   the tokens computed so far). The manager rebuilds its state from exactly that,
-   which makes the retry idempotent whether or not the failed step was applied;
+1. re-registers with the executor's `BlockTables.live_sequences()`, its truth BEFORE
+   this step's changes (token ids and block tables as the allocator last granted
+   them, and the tokens committed so far). The manager rebuilds its state from
+   exactly that, which makes the retry idempotent whether or not the failed step
+   was applied;
 2. retries the same step, filtered against the live set: commits and frees of
    sequences the new manager does not know are dropped (their blocks are simply
    free now); forks of an unknown parent and appends to an unknown sequence are
    a bug in the caller and raise ValueError; admits are kept as they are.
 
-Block tables arrive as deltas (quire.block.tables): this client keeps a copy of
-every live table (`BlockTables`) and applies each response's updates to it, which
-also checks that no update starts past the end of its table. Every
-`verify_every`-th step (0: never) asks for checksums of the full tables the step
-names and compares them. A failed check (`TableDriftError`: an update was lost
-or misapplied) is repaired like a restart: the executor's tables say where its KV
-actually is, so the client re-registers with `live_sequences()`, and the manager
-rebuilds its state from them, then the step is retried with verification on. A
-second mismatch raises `RemoteAllocatorError`.
+Block tables arrive as deltas (quire.block.tables). This client reads the executor's
+one `BlockTables` (the model runner's, which applies each result) but never applies to
+it. Every `verify_every`-th step (0: never) asks for checksums of the full tables the
+step names, which the tables compare. A failed check (`TableDriftError`: an update was
+lost or misapplied) is repaired like a restart through `resync()`: the executor's tables
+say where its KV actually is, so the client re-registers with them, and the manager
+rebuilds its state from them, then the step is retried with verification on.
 
 Unreachable managers are retried with exponential backoff (re-registering before
 every retry) for at most `retry_total_s` seconds, then `AllocatorUnavailableError`
@@ -52,7 +51,7 @@ import structlog
 
 from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocationResult
 from quire.block.restore import LiveSequenceState
-from quire.block.tables import BlockTables, TableDriftError
+from quire.block.tables import BlockTables
 from services.common import tls
 from services.common.wire.memory_manager import (
     live_to_proto,
@@ -131,7 +130,7 @@ class RemoteBlockAllocator:
         block_size: int,
         enable_prefix_caching: bool,
         address: str,
-        live_sequences: Callable[[], list[LiveSequenceState]],
+        tables: BlockTables,
         timeout_s: float = 5.0,
         retry_total_s: float = 30.0,
         min_backoff_s: float = 0.05,
@@ -153,7 +152,7 @@ class RemoteBlockAllocator:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.address = address
-        self.live_sequences = live_sequences
+        self.tables = tables  # the executor's, read when re-registering
         self.timeout_s = timeout_s
         self.retry_total_s = retry_total_s
         self.min_backoff_s = min_backoff_s
@@ -164,9 +163,6 @@ class RemoteBlockAllocator:
         self.verify_every = verify_every
         self.num_steps = 0
         self.num_resyncs = 0  # table drift repaired by re-registering
-        self.tables = BlockTables(
-            block_size
-        )  # every live sequence's table, as the manager granted it
         self._lock = threading.Lock()
         self._channel = tls.channel(target, tls_ca, _CHANNEL_OPTIONS)
         self._stub = pb_grpc.MemoryManagerStub(self._channel)
@@ -192,34 +188,19 @@ class RemoteBlockAllocator:
                     code=exc.code().name,
                 )
                 response = self._recover_and_step(request, exc, metadata)
-            result = result_from_proto(response)
-            try:
-                self.tables.apply(request, result)
-            except TableDriftError as exc:
-                result = self._resync_and_step(request, exc, metadata)
-            return result
+            return result_from_proto(response)
 
-    def _resync_and_step(
-        self,
-        request: StepAllocation,
-        error: TableDriftError,
-        metadata: Sequence[tuple[str, str]] | None,
-    ) -> StepAllocationResult:
-        """Rebuild the manager from our tables (re-register), retry the step verified."""
-        self.num_resyncs += 1
-        log.warning(
-            "block tables drifted from the memory manager's; re-registering",
-            executor_id=self.executor_id,
-            seq_ids=error.seq_ids[:8],
-            error=str(error),
-        )
-        request = replace(request, verify_tables=True)
-        result = result_from_proto(self._recover_and_step(request, None, metadata))
-        try:
-            self.tables.apply(request, result)
-        except TableDriftError as exc:
-            raise RemoteAllocatorError(f"block tables drifted again after a resync: {exc}") from exc
-        return result
+    def resync(self, request: StepAllocation, reason: str) -> StepAllocationResult:
+        """Rebuild the manager from the executor's tables (re-register), redo the step."""
+        with self._lock:
+            self.num_resyncs += 1
+            log.warning(
+                "block tables drifted from the memory manager's; re-registering",
+                executor_id=self.executor_id,
+                error=reason,
+            )
+            metadata = self.step_metadata(request) if self.step_metadata else None
+            return result_from_proto(self._recover_and_step(request, None, metadata))
 
     def stats(self) -> AllocatorStats:
         """The executor's pool counters on the manager (one attempt, no re-registration)."""
@@ -280,7 +261,7 @@ class RemoteBlockAllocator:
     # --------------------------------------------------------------- helpers
 
     def _register_once(self) -> list[LiveSequenceState]:
-        live = self.live_sequences()
+        live = self.tables.live_sequences()
         request = pb.RegisterRequest(
             executor_id=self.executor_id,
             epoch=self.epoch,
@@ -291,8 +272,7 @@ class RemoteBlockAllocator:
             live_sequences=[live_to_proto(state) for state in live],
         )
         response = self._stub.Register(request, timeout=self.timeout_s)
-        # The manager now holds exactly these tables; updates apply on top of them.
-        self.tables.reset({s.seq_id: (list(s.block_table), len(s.token_ids)) for s in live})
+        # The manager now holds exactly the executor's tables; updates apply on top of them.
         self.manager_id = response.manager_id
         self.num_registrations += 1
         log.info(

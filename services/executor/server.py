@@ -134,18 +134,14 @@ class ExecutorServer:
         s = self.settings
         # ExecutorSettings carries every EngineConfig field under the same name.
         config = EngineConfig(**{f.name: getattr(s, f.name) for f in fields(EngineConfig)})
-        holder: list[LLMEngine] = []
         factory = alloc.allocator_factory(
             s,
             identity.executor_id,
             identity.epoch,
             identity.address,
-            lambda: holder[0].live_sequences() if holder else [],
             step_metadata=self.request_ids.step_metadata,
         )
-        engine = LLMEngine(config, allocator_factory=factory)
-        holder.append(engine)
-        return engine
+        return LLMEngine(config, allocator_factory=factory)
 
     def request_stop(self, exit_code: int = 0) -> None:
         """Ask `wait_stop_requested()` to return (signal handler, fatal engine error)."""

@@ -35,7 +35,8 @@ Processing order inside one call (every implementation must follow it):
 The result carries block tables as deltas (`table_updates`: only the sequences
 whose table changed, and only the changed tail; see quire.block.tables), so a
 step's result is proportional to what changed, not to what is running. The
-caller keeps its own copy of the tables (`quire.block.tables.BlockTables`).
+executor holds the tables once (`quire.block.tables.BlockTables`, which applies each
+result and asks the allocator to `resync` when its tables and the allocator's drift).
 """
 
 from __future__ import annotations
@@ -157,5 +158,12 @@ class BlockAllocator(Protocol):
     num_blocks: int
 
     def step(self, request: StepAllocation) -> StepAllocationResult: ...
+
+    def resync(self, request: StepAllocation, reason: str) -> StepAllocationResult:
+        """The caller's tables and this allocator's disagree (`reason` says how): rebuild
+        this allocator's view from the caller's live sequences, then do `request` (not
+        applied by the failed attempt, or undone by the rebuild) and return its result.
+        An allocator that cannot drift raises."""
+        ...
 
     def stats(self) -> AllocatorStats: ...

@@ -67,6 +67,20 @@ class BlockManager:
         """A copy of the live sequence's block table."""
         return list(self._get(seq_id, "seq_id").block_table)
 
+    def live_sequences(self) -> list[LiveSequenceState]:
+        """Every live sequence as this manager holds it, in pool order (what `restore`
+        takes; computed tokens counted as those of the blocks registered in the index)."""
+        return [
+            LiveSequenceState(
+                seq_id=seq_id,
+                token_ids=tuple(seq.token_ids),
+                block_table=tuple(seq.block_table),
+                num_computed_tokens=seq.num_registered_blocks * self.block_size,
+                extra_key=seq.extra_key,
+            )
+            for seq_id, seq in self._seqs.items()
+        ]
+
     def num_tokens(self, seq_id: str) -> int:
         return len(self._get(seq_id, "seq_id").token_ids)
 
@@ -160,6 +174,11 @@ class BlockManager:
                 touched[admit.seq_id] = None
         self._record_tables(request, result, touched)
         return result
+
+    def resync(self, request: StepAllocation, reason: str) -> StepAllocationResult:
+        """Never needed: the caller's tables are built from this manager's own results in
+        the same process, so a disagreement is a bug, raised as such."""
+        raise RuntimeError(f"block tables disagree with the in-process allocator: {reason}")
 
     def _record_tables(
         self, request: StepAllocation, result: StepAllocationResult, touched: Touched

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from quire.block.allocator import BlockAllocator
 from quire.block.manager import BlockManager
-from quire.block.restore import LiveSequenceState
+from quire.block.tables import BlockTables
 from quire.config import EngineConfig
 from quire.engine.inputs import Prompt, check_prompt_fits, seeded_generators, tokenize_prompt
 from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
-from quire.engine.scheduler import Scheduler, SchedulerConfig, live_sequences
+from quire.engine.scheduler import Scheduler, SchedulerConfig
 from quire.engine.sequence import Request, Sequence
 from quire.engine.stats import EngineStats, StepStats, step_stats
 from quire.engine.structured import StructuredOutputs
@@ -46,13 +46,14 @@ class LLMEngine:
         self,
         config: EngineConfig,
         allocator: BlockAllocator | None = None,
-        allocator_factory: Callable[[int], BlockAllocator] | None = None,
+        allocator_factory: Callable[[int, BlockTables], BlockAllocator] | None = None,
     ) -> None:
         """Load the model and size the KV pool.
 
-        `allocator` is used as given; otherwise `allocator_factory(num_blocks)` builds one
-        once the pool is sized (a remote allocator must know its size before the engine
-        starts); otherwise an in-process `BlockManager`.
+        `allocator` is used as given; otherwise `allocator_factory(num_blocks, tables)`
+        builds one once the pool is sized (a remote allocator must know its size before the
+        engine starts, and re-registers from the model runner's `tables`); otherwise an
+        in-process `BlockManager`.
         """
         if allocator is not None and allocator_factory is not None:
             raise ValueError("pass allocator or allocator_factory, not both")
@@ -61,24 +62,23 @@ class LLMEngine:
         path, self.device, self.dtype = loaded.path, loaded.device, loaded.dtype
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.max_model_len, self.eos_token_ids = loaded.max_model_len, loaded.eos_token_ids
-        if allocator is None:
-            num_blocks = num_kv_blocks(config, loaded)
-            if allocator_factory is not None:
-                allocator = allocator_factory(num_blocks)
-            else:
-                allocator = BlockManager(
-                    num_blocks, config.block_size, config.enable_prefix_caching
-                )
-        self.allocator = allocator
-        # The KV tensors hold exactly the blocks the allocator hands out.
+        num_blocks = num_kv_blocks(config, loaded) if allocator is None else allocator.num_blocks
+        # The KV tensors hold exactly the blocks the allocator hands out; the runner holds
+        # the block tables that index them.
         self.runner = ModelRunner(
-            self.model, self.allocator.num_blocks, config.block_size, self.dtype, self.device
+            self.model, num_blocks, config.block_size, self.dtype, self.device
         )
+        if allocator is None and allocator_factory is not None:
+            allocator = allocator_factory(num_blocks, self.runner.tables)
+        elif allocator is None:
+            allocator = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.allocator = allocator
         self.scheduler = Scheduler(
             SchedulerConfig(
                 config.max_num_seqs, config.max_num_batched_tokens, extra_key=str(path.name)
             ),
             self.allocator,
+            self.runner.tables,
         )
         self.stop_rules = StopRules(self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
@@ -157,10 +157,6 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
-
-    def live_sequences(self) -> list[LiveSequenceState]:
-        """Every running sequence as the allocator last granted it (for re-registration)."""
-        return live_sequences(self.scheduler)
 
     # --- one step ----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 import quire.kernels as kernels
+from quire.block.tables import BlockTables
 from quire.engine.prompt_logprobs import (
     LOGITS_SLICE_ROWS,
     PromptLogprobsChunk,
@@ -89,6 +90,9 @@ class ModelRunner:
             )
             for _ in range(c.num_layers)
         ]
+        # The executor's one record of the block tables that index these tensors: the
+        # scheduler's allocator steps apply to it, slot mappings are built from it.
+        self.tables = BlockTables(block_size)
 
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step's tokens through the model and sample every due output."""
@@ -134,6 +138,7 @@ class ModelRunner:
         context_lens: list[int] = []
         sample_rows: list[int] = []
         spans: list[PromptSpan] = []
+        row_tables: list[list[int]] = []
         bs = self.block_size
         for s in step.scheduled:
             if (span := prompt_span(s, cu_query_lens[-1])) is not None:
@@ -141,14 +146,15 @@ class ModelRunner:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             input_ids.extend(s.seq.token_ids[start:end])
             positions.extend(range(start, end))
-            table = s.block_table
+            table = self.tables.get(s.seq.seq_id)
+            row_tables.append(table)
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             cu_query_lens.append(cu_query_lens[-1] + s.num_new_tokens)
             context_lens.append(end)
             if s.samples:
                 sample_rows.append(cu_query_lens[-1] - 1)
-        max_blocks = max(len(s.block_table) for s in step.scheduled)
-        tables = [s.block_table + [0] * (max_blocks - len(s.block_table)) for s in step.scheduled]
+        max_blocks = max(len(table) for table in row_tables)
+        tables = [table + [0] * (max_blocks - len(table)) for table in row_tables]
 
         def t(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)

@@ -2,7 +2,9 @@
 
 Each step it decides how many tokens every sequence runs (token budget
 `max_num_batched_tokens`, at most `max_num_seqs` running), asks the block
-allocator for room in ONE batched call, and emits a `SchedulerOutput`.
+allocator for room in ONE batched call, and emits a `SchedulerOutput`. It keeps
+token accounting only: block tables are the executor's `BlockTables` (the model
+runner's), through which the scheduler takes each allocator step.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from quire.block.allocator import (
     ForkRequest,
     StepAllocation,
 )
-from quire.block.restore import LiveSequenceState
 from quire.block.tables import BlockTables
 from quire.engine.sequence import SeqStatus, Sequence
 
@@ -48,7 +49,6 @@ class ScheduledSeq:
     seq: Sequence
     num_computed_tokens: int
     num_new_tokens: int
-    block_table: list[int]
     # Output indices sampled from this chunk's last logits row: empty until the chunk reaches
     # the sequence's end; every index 0..n-1 on an n>1 request's first token (the fork);
     # otherwise the sequence's own index.
@@ -80,21 +80,28 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    """Owns the waiting and running queues; the allocator owns the blocks."""
+    """Owns the waiting and running queues; the allocator owns the blocks.
 
-    def __init__(self, config: SchedulerConfig, allocator: BlockAllocator) -> None:
+    `tables` is the executor's one record of the block tables (the model runner's); every
+    allocator step goes through it, which applies the result once.
+    """
+
+    def __init__(
+        self, config: SchedulerConfig, allocator: BlockAllocator, tables: BlockTables
+    ) -> None:
+        if tables.block_size != allocator.block_size:
+            raise ValueError(
+                f"block_size: the tables' {tables.block_size} != the allocator's "
+                f"{allocator.block_size}"
+            )
         self.config = config
         self.allocator = allocator
+        self.tables = tables
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._pending_frees: list[str] = []
         self._pending_forks: list[ForkRequest] = []
         self._pending_commits: dict[str, int] = {}
-        # seq_id -> full blocks the allocator has registered for it (hits + commits sent): a
-        # commit that registers no new full block changes nothing and is not sent.
-        self._num_committed_blocks: dict[str, int] = {}
-        # The running sequences' block tables, kept current from each step's table updates.
-        self.tables = BlockTables(allocator.block_size)
         self.num_preemptions = 0
 
     # --- queue changes coming from the engine ---------------------------------------------
@@ -112,15 +119,15 @@ class Scheduler:
         self.running.sort(key=lambda s: s.priority)
 
     def commit(self, seq: Sequence) -> None:
-        """`seq`'s computed tokens, for the prefix index (sent once they fill a new block)."""
-        num_full = seq.num_computed_tokens // self.allocator.block_size
-        if num_full > self._num_committed_blocks.get(seq.seq_id, 0):
-            self._num_committed_blocks[seq.seq_id] = num_full
-            self._pending_commits[seq.seq_id] = seq.num_computed_tokens
+        """`seq`'s computed tokens, for the prefix index (sent once they fill a new block: a
+        commit that registers no new full block changes nothing and is not sent)."""
+        seq_id, block_size = seq.seq_id, self.allocator.block_size
+        known = max(self.tables.num_committed_tokens(seq_id), self._pending_commits.get(seq_id, 0))
+        if seq.num_computed_tokens // block_size > known // block_size:
+            self._pending_commits[seq_id] = seq.num_computed_tokens
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence; its blocks are freed next step."""
-        self._num_committed_blocks.pop(seq.seq_id, None)
         if seq.status is SeqStatus.RUNNING:
             self.running.remove(seq)
             self._pending_frees.append(seq.seq_id)
@@ -134,11 +141,7 @@ class Scheduler:
     def flush(self) -> None:
         """Send pending forks, commits and frees now (when idle, nothing else would carry them)."""
         if self._pending_frees or self._pending_commits or self._pending_forks:
-            request = self._take_pending()
-            self.tables.apply(request, self.allocator.step(request))
-            for seq in self.running:
-                if seq.seq_id in self.tables:
-                    seq.block_table = self.tables.get(seq.seq_id)
+            self.tables.step(self.allocator, self._take_pending())
 
     def _take_pending(
         self,
@@ -191,8 +194,7 @@ class Scheduler:
             ),
         )
         started = time.perf_counter()
-        result = self.allocator.step(request)
-        self.tables.apply(request, result)
+        result = self.tables.step(self.allocator, request)
         out = SchedulerOutput(
             copies=list(result.copies),
             num_not_admitted=len(result.not_admitted),
@@ -207,7 +209,6 @@ class Scheduler:
         self.num_preemptions += len(result.preempted)
         for seq in self.running:
             seq.num_allocated_tokens = seq.num_tokens
-            seq.block_table = self.tables.get(seq.seq_id)
             if seq.seq_id in plan:
                 out.scheduled.append(self._scheduled(seq, plan[seq.seq_id]))
         not_admitted = set(result.not_admitted)
@@ -218,12 +219,8 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             seq.num_allocated_tokens = seq.num_tokens
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
-            self._num_committed_blocks[seq.seq_id] = (
-                seq.num_computed_tokens // self.allocator.block_size
-            )
             if seq.index == 0 and seq.request.num_cached_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
-            seq.block_table = self.tables.get(seq.seq_id)
             if not seq.request.was_scheduled:
                 seq.request.was_scheduled = True
                 out.first_scheduled.append(seq.request.request_id)
@@ -240,39 +237,14 @@ class Scheduler:
             n = seq.request.params.n
             is_first_of_many = n > 1 and len(seq.request.seqs) == 1
             indices = tuple(range(n)) if is_first_of_many else (seq.index,)
-        return ScheduledSeq(
-            seq, seq.num_computed_tokens, num_new_tokens, list(seq.block_table), indices
-        )
+        return ScheduledSeq(seq, seq.num_computed_tokens, num_new_tokens, indices)
 
     def _requeue(self, seq: Sequence) -> None:
         """Preemption by recompute: forget computed KV, wait again in arrival order."""
         seq.status = SeqStatus.WAITING
-        self._num_committed_blocks.pop(seq.seq_id, None)
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
-        seq.block_table = []
         position = 0
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1
         self.waiting.insert(position, seq)
-
-
-def live_sequences(scheduler: Scheduler) -> list[LiveSequenceState]:
-    """Every running sequence as the allocator last granted it.
-
-    What an executor re-registers with after its memory manager lost state. A forked child
-    whose fork the allocator has not processed yet has no block table and is left out (the
-    pending fork creates it).
-    """
-    extra_key = scheduler.config.extra_key
-    return [
-        LiveSequenceState(
-            seq_id=seq.seq_id,
-            token_ids=tuple(seq.token_ids[: seq.num_allocated_tokens]),
-            block_table=tuple(seq.block_table),
-            num_computed_tokens=seq.num_computed_tokens,
-            extra_key=extra_key,
-        )
-        for seq in scheduler.running
-        if seq.block_table
-    ]

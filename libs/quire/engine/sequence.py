@@ -34,7 +34,6 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     num_computed_tokens: int = 0
     num_allocated_tokens: int = 0  # tokens the block allocator already holds slots for
-    block_table: list[int] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | None = None  # the stop token id that ended it

@@ -15,9 +15,7 @@ def mirror_of(manager: BlockManager) -> BlockTables:
     tables = _MIRRORS.get(manager)
     if tables is None:
         tables = BlockTables(manager.block_size)
-        tables.reset(
-            {s: (manager.block_table(s), manager.num_tokens(s)) for s in manager.seq_ids()}
-        )
+        tables.reset(manager.live_sequences())
         _MIRRORS[manager] = tables
     return tables
 

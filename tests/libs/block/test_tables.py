@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import struct
 import zlib
+from dataclasses import replace
 
 import pytest
 
 from quire.block import (
     AdmitRequest,
+    AllocatorStats,
     AppendRequest,
     BlockManager,
     BlockTables,
+    CommitRequest,
     ForkRequest,
+    LiveSequenceState,
     StepAllocation,
     StepAllocationResult,
     TableDriftError,
@@ -97,3 +101,92 @@ def test_frees_and_preemptions_drop_tables() -> None:
     tables, _ = _tables_with_a()
     tables.apply(StepAllocation(frees=("a",)), StepAllocationResult())
     assert "a" not in tables and len(tables) == 0
+
+
+def test_live_sequences_are_what_the_allocator_granted() -> None:
+    manager = BlockManager(num_blocks=16, block_size=BS)
+    tables = BlockTables(BS)
+    tables.step(manager, StepAllocation(admits=(AdmitRequest("a", (1, 2, 3, 4, 5), "m"),)))
+    # a's first full block is committed; b is forked from a and both decode a token.
+    tables.step(
+        manager,
+        StepAllocation(forks=(ForkRequest("a", "b"),), commits=(CommitRequest("a", 5),)),
+    )
+    tables.step(
+        manager, StepAllocation(appends=(AppendRequest("a", (6,)), AppendRequest("b", (7,))))
+    )
+    # c repeats a's first block: a prefix hit, committed as it is admitted.
+    tables.step(manager, StepAllocation(admits=(AdmitRequest("c", (1, 2, 3, 4, 9), "m"),)))
+    live = {s.seq_id: s for s in tables.live_sequences()}
+
+    def full_blocks(state: LiveSequenceState) -> LiveSequenceState:
+        # The manager counts committed tokens in whole registered blocks.
+        return replace(state, num_computed_tokens=state.num_computed_tokens // BS * BS)
+
+    assert {k: full_blocks(s) for k, s in live.items()} == {
+        s.seq_id: s for s in manager.live_sequences()
+    }
+    assert live["a"].token_ids == (1, 2, 3, 4, 5, 6) and live["b"].token_ids[-1] == 7
+    assert live["c"].num_computed_tokens == BS  # the hit, as granted
+    assert {s.extra_key for s in live.values()} == {"m"}
+    tables.step(manager, StepAllocation(frees=("a", "b", "c")))
+    assert tables.live_sequences() == [] and manager.live_sequences() == []
+
+
+class _DroppingAllocator:
+    """A BlockManager whose first `drops` steps lose their table updates, as do its
+    resyncs unless it `heals`."""
+
+    block_size = BS
+    num_blocks = 16
+
+    def __init__(self, heals: bool) -> None:
+        self.inner = BlockManager(self.num_blocks, BS)
+        self.heals, self.drops = heals, 0
+        self.resyncs: list[str] = []
+        self.live_before: list[LiveSequenceState] = []
+
+    def step(self, request: StepAllocation) -> StepAllocationResult:
+        result = self.inner.step(request)
+        if self.drops:
+            self.drops -= 1
+            result.table_updates = {}
+        return result
+
+    def resync(self, request: StepAllocation, reason: str) -> StepAllocationResult:
+        # What a memory manager does: rebuild from the caller's live state, redo the step.
+        self.resyncs.append(reason)
+        assert request.verify_tables
+        self.inner = BlockManager(self.num_blocks, BS)
+        self.inner.restore(self.live_before)
+        result = self.inner.step(request)
+        if not self.heals:
+            result.table_updates = {}
+        return result
+
+    def stats(self) -> AllocatorStats:
+        return self.inner.stats()
+
+
+def test_step_resyncs_on_drift_and_raises_when_it_persists() -> None:
+    for heals in (True, False):
+        allocator = _DroppingAllocator(heals)
+        tables = BlockTables(BS)
+        tables.step(allocator, StepAllocation(admits=(AdmitRequest("a", (1, 2, 3, 4, 5)),)))
+        allocator.drops = 1
+        allocator.live_before = tables.live_sequences()
+        step = StepAllocation(appends=(AppendRequest("a", (6, 7, 8, 9)),))
+        if heals:
+            result = tables.step(allocator, step)
+            assert len(allocator.resyncs) == 1 and "length" in allocator.resyncs[0]
+            assert tables.get("a") == allocator.inner.block_table("a")
+            assert len(tables.get("a")) == 3 and "a" in result.table_updates
+        else:
+            with pytest.raises(TableDriftError, match="again after a resync"):
+                tables.step(allocator, step)
+            assert tables.get("a") == [0, 1]  # the failed step changed nothing
+
+
+def test_the_in_process_allocator_refuses_to_resync() -> None:
+    with pytest.raises(RuntimeError, match="disagree with the in-process allocator"):
+        BlockManager(num_blocks=4, block_size=BS).resync(StepAllocation(), "checksum mismatch")

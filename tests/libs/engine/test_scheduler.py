@@ -6,6 +6,7 @@ from typing import Any
 
 from quire.block.allocator import StepAllocation, StepAllocationResult
 from quire.block.manager import BlockManager
+from quire.block.tables import BlockTables
 from quire.engine.model_runner import ModelRunnerOutput, SampledToken
 from quire.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from quire.engine.sequence import Request, Sequence
@@ -13,6 +14,11 @@ from quire.engine.update import StopRules, update_from_output
 from quire.sampling_params import SamplingParams
 
 RULES = StopRules(eos_token_ids=frozenset({2}), max_model_len=4096)
+
+
+def scheduler(config: SchedulerConfig, manager: BlockManager) -> Scheduler:
+    """A scheduler over `manager`, its block tables held where a model runner would."""
+    return Scheduler(config, manager, BlockTables(manager.block_size))
 
 
 def make_seq(name: str, arrival: int, prompt_len: int, **params: Any) -> Sequence:
@@ -36,7 +42,7 @@ def run_step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:
 
 
 def test_token_budget_chunks_prefill_and_decodes_go_first() -> None:
-    sched = Scheduler(
+    sched = scheduler(
         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=40), BlockManager(64, 16)
     )
     a, b = make_seq("a", 0, 30), make_seq("b", 1, 50)
@@ -53,7 +59,7 @@ def test_token_budget_chunks_prefill_and_decodes_go_first() -> None:
 
 
 def test_max_num_seqs_caps_running() -> None:
-    sched = Scheduler(
+    sched = scheduler(
         SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=1000), BlockManager(64, 16)
     )
     for i in range(4):
@@ -65,7 +71,7 @@ def test_max_num_seqs_caps_running() -> None:
 
 def test_preemption_takes_latest_arrival_and_requeues_it_first() -> None:
     # 4 blocks of 4 tokens: two sequences of 7 tokens fill 4 blocks after one decode each.
-    sched = Scheduler(
+    sched = scheduler(
         SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=100), BlockManager(4, 4)
     )
     a, b, c = make_seq("a", 0, 7), make_seq("b", 1, 7), make_seq("c", 2, 3)
@@ -83,7 +89,7 @@ def test_preemption_takes_latest_arrival_and_requeues_it_first() -> None:
 
 def test_finished_sequences_are_freed_by_the_next_call() -> None:
     manager = BlockManager(16, 4)
-    sched = Scheduler(SchedulerConfig(), manager)
+    sched = scheduler(SchedulerConfig(), manager)
     a = make_seq("a", 0, 9)
     sched.add(a)
     run_step(sched)
@@ -98,7 +104,7 @@ def test_finished_sequences_are_freed_by_the_next_call() -> None:
 
 def test_flush_ships_frees_without_admitting_anyone() -> None:
     manager = BlockManager(16, 4)
-    sched = Scheduler(SchedulerConfig(), manager)
+    sched = scheduler(SchedulerConfig(), manager)
     a = make_seq("a", 0, 9)
     sched.add(a)
     run_step(sched)
@@ -112,7 +118,7 @@ def test_flush_ships_frees_without_admitting_anyone() -> None:
 
 def test_update_forks_n_outputs_on_the_first_token_and_shares_blocks() -> None:
     manager = BlockManager(16, 4)
-    sched = Scheduler(SchedulerConfig(), manager)
+    sched = scheduler(SchedulerConfig(), manager)
     seq = make_seq("f", 0, 6, n=3)
     sched.add(seq)
     out = run_step(sched)
@@ -126,14 +132,14 @@ def test_update_forks_n_outputs_on_the_first_token_and_shares_blocks() -> None:
     assert sorted(s.seq.seq_id for s in out.scheduled) == ["f#0", "f#1", "f#2"]
     assert all(s.sample_indices == (s.seq.index,) for s in out.scheduled)
     # The full first block is shared by all three; each wrote its own partial second block.
-    tables = [s.block_table for s in out.scheduled]
+    tables = [sched.tables.get(s.seq.seq_id) for s in out.scheduled]
     assert len({t[0] for t in tables}) == 1 and len({t[1] for t in tables}) == 3
     manager.check_integrity()
 
 
 def test_update_stops_on_eos_stop_token_and_length() -> None:
     manager = BlockManager(16, 4)
-    sched = Scheduler(SchedulerConfig(), manager)
+    sched = scheduler(SchedulerConfig(), manager)
     eos, stop_id = make_seq("e", 0, 5), make_seq("s", 1, 5, stop_token_ids=[9])
     length = make_seq("l", 2, 5, max_tokens=2)
     for s in (eos, stop_id, length):
@@ -168,7 +174,7 @@ class RecordingManager(BlockManager):
 
 def test_commits_are_sent_when_a_block_fills_and_prefix_hits_still_happen() -> None:
     manager = RecordingManager(64, 4)
-    sched = Scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=100), manager)
+    sched = scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=100), manager)
     a = make_seq("a", 0, 6, max_tokens=8)
     sched.add(a)
     for _ in range(8):
@@ -176,7 +182,7 @@ def test_commits_are_sent_when_a_block_fills_and_prefix_hits_still_happen() -> N
     commits = [c.num_computed_tokens for r in manager.requests for c in r.commits]
     # Computed 6 (1 full block), 7, 8 (2), 9, ..., 12 (3), 13: one commit per new full block.
     assert commits == [6, 8, 12]
-    table = list(a.block_table)
+    table = list(sched.tables.get(a.seq_id))
     assert table == manager.block_table("a#0")
     sched.finish(a)
     sched.flush()
@@ -186,4 +192,4 @@ def test_commits_are_sent_when_a_block_fills_and_prefix_hits_still_happen() -> N
     sched.add(b)
     out = sched.schedule()
     assert b.num_computed_tokens == 12
-    assert out.scheduled[0].block_table[:3] == table[:3]
+    assert sched.tables.get(out.scheduled[0].seq.seq_id)[:3] == table[:3]

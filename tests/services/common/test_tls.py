@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from quire.block.tables import BlockTables
 from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
 from services.memory_manager.server import MemoryManagerServer
 from services.memory_manager.settings import Settings
@@ -34,7 +35,7 @@ def _allocator(port: int, tls_ca: str) -> RemoteBlockAllocator:
         block_size=16,
         enable_prefix_caching=True,
         address="localhost:1",
-        live_sequences=list,
+        tables=BlockTables(16),
         timeout_s=5.0 if tls_ca else 1.0,
         retry_total_s=0.5,  # a plaintext client is refused, not retried for long
         tls_ca=tls_ca,

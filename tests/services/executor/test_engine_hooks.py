@@ -1,4 +1,4 @@
-"""The two engine hooks the executor relies on: `allocator_factory` and `live_sequences()`."""
+"""What the executor relies on: `allocator_factory`, and the runner's tables as live state."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from quire.block import BlockManager
 from quire.block.allocator import BlockAllocator
 from quire.block.restore import validate_live_sequences
+from quire.block.tables import BlockTables
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
@@ -17,13 +18,18 @@ from quire.sampling_params import SamplingParams
 @pytest.fixture(scope="module")
 def engine_and_sizes(tiny_model: Path) -> tuple[LLMEngine, list[int]]:
     sizes: list[int] = []
+    given: list[BlockTables] = []
 
-    def factory(num_blocks: int) -> BlockAllocator:
+    def factory(num_blocks: int, tables: BlockTables) -> BlockAllocator:
         sizes.append(num_blocks)
+        given.append(tables)
         return BlockManager(num_blocks, 16, True)
 
     config = EngineConfig(model=str(tiny_model), max_num_seqs=4, max_model_len=256)
-    return LLMEngine(config, allocator_factory=factory), sizes
+    engine = LLMEngine(config, allocator_factory=factory)
+    # The factory gets the one record of the block tables: the runner's, the scheduler's.
+    assert given == [engine.runner.tables] and engine.scheduler.tables is engine.runner.tables
+    return engine, sizes
 
 
 def test_factory_gets_the_engine_sized_pool(engine_and_sizes: tuple[LLMEngine, list[int]]) -> None:
@@ -38,7 +44,7 @@ def test_allocator_and_factory_together_are_refused(tiny_model: Path) -> None:
     config = EngineConfig(model=str(tiny_model), num_kv_blocks=8)
     with pytest.raises(ValueError, match="not both"):
         LLMEngine(
-            config, BlockManager(8, 16, True), allocator_factory=lambda n: BlockManager(n, 16)
+            config, BlockManager(8, 16, True), allocator_factory=lambda n, _: BlockManager(n, 16)
         )
 
 
@@ -46,13 +52,14 @@ def test_live_sequences_describe_a_consistent_pool(
     engine_and_sizes: tuple[LLMEngine, list[int]],
 ) -> None:
     engine, _ = engine_and_sizes
+    tables = engine.runner.tables
     prompt = list(range(10, 50))
     params = SamplingParams(n=2, temperature=0.0, max_tokens=30, ignore_eos=True)
     engine.add_request("live", {"prompt_token_ids": prompt}, params)
-    assert engine.live_sequences() == []  # waiting, nothing granted yet
+    assert tables.live_sequences() == []  # waiting, nothing granted yet
     for _ in range(3):
         engine.step()
-    live = engine.live_sequences()
+    live = tables.live_sequences()
     assert sorted(s.seq_id for s in live) == ["live#0", "live#1"]
     for state in live:
         assert state.token_ids[: len(prompt)] == tuple(prompt)
@@ -60,4 +67,4 @@ def test_live_sequences_describe_a_consistent_pool(
         assert 0 < state.num_computed_tokens <= len(state.token_ids)
     validate_live_sequences(live, engine.allocator.num_blocks, engine.config.block_size)
     engine.abort_request("live")
-    assert engine.live_sequences() == []
+    assert tables.live_sequences() == []

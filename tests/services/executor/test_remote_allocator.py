@@ -7,6 +7,7 @@ import time
 import pytest
 
 from quire.block import AdmitRequest, AppendRequest, CommitRequest, ForkRequest, StepAllocation
+from quire.block.tables import BlockTables
 from services.executor.remote_allocator import (
     AllocatorUnavailableError,
     RemoteBlockAllocator,
@@ -43,7 +44,7 @@ def test_filter_refuses_forks_and_appends_of_unknown_sequences() -> None:
 
 def test_unreachable_manager_raises_after_retry_budget() -> None:
     allocator = RemoteBlockAllocator(
-        f"127.0.0.1:{free_port()}", "e1", 1, 8, 4, True, "", lambda: [], retry_total_s=0.5
+        f"127.0.0.1:{free_port()}", "e1", 1, 8, 4, True, "", BlockTables(4), retry_total_s=0.5
     )
     start = time.monotonic()
     with pytest.raises(AllocatorUnavailableError):

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from quire.block import BlockTables, LiveSequenceState, StepAllocation, StepAllocationResult
+from quire.block import BlockTables, StepAllocation, StepAllocationResult
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.memory_manager.server import MemoryManagerServer
 from services.memory_manager.settings import Settings
@@ -56,64 +56,9 @@ def manager() -> Iterator[ManagerThread]:
     thread.stop()
 
 
-class ExecutorMirror:
-    """What an executor knows of its sequences, updated from each step's result.
-
-    `live_sequences()` is what a RemoteBlockAllocator re-registers with: the state
-    as of the last completed step (never including the step in flight).
-    """
-
-    def __init__(self, block_size: int) -> None:
-        self.block_size = block_size
-        self.seqs: dict[str, LiveSequenceState] = {}
-
-    def live_sequences(self) -> list[LiveSequenceState]:
-        return list(self.seqs.values())
-
-    def apply(
-        self, step: StepAllocation, result: StepAllocationResult, tables: BlockTables
-    ) -> None:
-        """`tables`: the allocator's copy, with this step's updates applied."""
-        for fork in step.forks:
-            self.seqs[fork.child_seq_id] = self._with(
-                self.seqs[fork.parent_seq_id], seq_id=fork.child_seq_id
-            )
-        for commit in step.commits:
-            if commit.seq_id in self.seqs:  # the executor may have forgotten it already
-                self.seqs[commit.seq_id] = self._with(
-                    self.seqs[commit.seq_id], num_computed_tokens=commit.num_computed_tokens
-                )
-        for seq_id in step.frees:
-            self.seqs.pop(seq_id, None)
-        for seq_id in result.preempted:
-            del self.seqs[seq_id]
-        for append in step.appends:
-            if append.seq_id in self.seqs:
-                state = self.seqs[append.seq_id]
-                self.seqs[append.seq_id] = self._with(
-                    state, token_ids=state.token_ids + append.token_ids
-                )
-        for admit in step.admits:
-            if admit.seq_id not in result.not_admitted:
-                self.seqs[admit.seq_id] = LiveSequenceState(
-                    admit.seq_id,
-                    admit.token_ids,
-                    (),
-                    result.num_cached_tokens[admit.seq_id],
-                    admit.extra_key,
-                )
-        for seq_id in result.table_updates:
-            table = tables.get(seq_id)
-            self.seqs[seq_id] = self._with(self.seqs[seq_id], block_table=tuple(table))
-
-    @staticmethod
-    def _with(state: LiveSequenceState, **changes: Any) -> LiveSequenceState:
-        fields = {**state.__dict__, **changes}
-        return LiveSequenceState(**fields)
-
-
 class MirroredAllocator:
-    """A RemoteBlockAllocator driven through an `ExecutorMirror` (an executor's view)."""
+    """A RemoteBlockAllocator driven the way an executor drives it: every step through the
+    executor's `BlockTables`, which the allocator re-registers from."""
 
     def __init__(
         self,
@@ -124,7 +69,7 @@ class MirroredAllocator:
         block_size: int = 4,
         **kwargs: Any,
     ) -> None:
-        self.mirror = ExecutorMirror(block_size)
+        self.block_tables = BlockTables(block_size)
         self.last_step = StepAllocation()
         self.allocator = RemoteBlockAllocator(
             target,
@@ -134,17 +79,15 @@ class MirroredAllocator:
             block_size,
             True,
             "127.0.0.1:1",
-            self.mirror.live_sequences,
+            self.block_tables,
             **kwargs,
         )
 
     def step(self, **fields: Any) -> StepAllocationResult:
         step = StepAllocation(**fields)
         self.last_step = step
-        result = self.allocator.step(step)
-        self.mirror.apply(step, result, self.allocator.tables)
-        return result
+        return self.block_tables.step(self.allocator, step)
 
     def tables(self, *seq_ids: str) -> dict[str, list[int]]:
         """The executor's copy of these sequences' tables (built from the updates)."""
-        return {seq_id: self.allocator.tables.get(seq_id) for seq_id in seq_ids}
+        return {seq_id: self.block_tables.get(seq_id) for seq_id in seq_ids}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.block import LiveSequenceState
+from quire.block import BlockTables, LiveSequenceState
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
@@ -49,18 +49,19 @@ def test_engine_over_remote_allocator_survives_manager_restart() -> None:
 
     port = free_port()
     managers = [ManagerThread(port=port).start()]
-    engine: LLMEngine | None = None
     num_live: list[int] = []
 
-    def live() -> list[LiveSequenceState]:
-        assert engine is not None
-        states = engine.live_sequences()
-        num_live.append(len(states))
-        return states
+    def factory(num_blocks: int, tables: BlockTables) -> RemoteBlockAllocator:
+        live = tables.live_sequences
 
-    def factory(num_blocks: int) -> RemoteBlockAllocator:
+        def counted() -> list[LiveSequenceState]:  # what each re-registration sends
+            states = live()
+            num_live.append(len(states))
+            return states
+
+        tables.live_sequences = counted  # type: ignore[method-assign]
         return RemoteBlockAllocator(
-            managers[0].target, "e1", 1, num_blocks, 4, True, "", live, retry_total_s=20
+            managers[0].target, "e1", 1, num_blocks, 4, True, "", tables, retry_total_s=20
         )
 
     def restart() -> None:

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from quire.block import AdmitRequest, CommitRequest, StepAllocation
+from quire.block.tables import BlockTables
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.memory_manager import servicer as servicer_module
 from services.stack.ports import free_port
@@ -43,7 +44,15 @@ def test_step_lines_carry_request_ids_and_counters_follow(
 
     try:
         with RemoteBlockAllocator(
-            thread.target, "e1", 1, 8, BS, True, "127.0.0.1:7000", list, step_metadata=metadata
+            thread.target,
+            "e1",
+            1,
+            8,
+            BS,
+            True,
+            "127.0.0.1:7000",
+            BlockTables(BS),
+            step_metadata=metadata,
         ) as allocator:
             allocator.register()
             allocator.step(StepAllocation(admits=(AdmitRequest("a#0", (1, 2, 3, 4, 5)),)))

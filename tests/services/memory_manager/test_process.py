@@ -51,15 +51,14 @@ def test_sigkill_restart_reregisters_with_live_sequences(
         commits=(CommitRequest("a", 10), CommitRequest("b", 8)),
     )
     executor.step(appends=(AppendRequest("a", (1,)), AppendRequest("c", (2,))))  # a copies
-    tables = {s: state.block_table for s, state in executor.mirror.seqs.items()}
+    tables = {s.seq_id: s.block_table for s in executor.block_tables.live_sequences()}
     used_before = executor.allocator.stats().num_blocks_used
     wait_for(lambda: members(redis_server) == {*HASHES_A, *hash_full_blocks(B, BS)[:2]})
 
     first.kill()
     start_service(MODULE, manager_args(port, redis_server.url), port)
-    # b finished and the executor already forgot it: the re-registration leaves it out,
-    # so its free (and commit) are dropped from the retried step.
-    del executor.mirror.seqs["b"]
+    # b finishes in the step that meets the restart: the executor re-registers it with
+    # the others (its tables still hold it), and the retried step frees it.
     result = executor.step(
         commits=(CommitRequest("a", 11), CommitRequest("b", 12)),
         frees=("b",),
@@ -70,8 +69,9 @@ def test_sigkill_restart_reregisters_with_live_sequences(
     assert result.copies == [] and result.preempted == []
     stats = executor.allocator.stats()
     assert stats.num_blocks_used == used_before - 3  # b's three blocks are free now
-    # The new manager republished what it rebuilt: a's (and c's) computed full blocks.
-    wait_for(lambda: members(redis_server) == set(HASHES_A))
+    # The new manager republished what it rebuilt: a's (and c's) computed full blocks, and
+    # b's, all three once the retried step committed them, which its free left cached.
+    wait_for(lambda: members(redis_server) == {*HASHES_A, *hash_full_blocks(B, BS)})
     # And serves the rebuilt state like the original: a prefix hit on a's blocks.
     result = executor.step(admits=(AdmitRequest("d", A[:8] + (0,)),))
     assert result.num_cached_tokens == {"d": 8}

@@ -13,6 +13,7 @@ from quire.block import (
     TableUpdate,
     hash_full_blocks,
 )
+from quire.block.tables import BlockTables
 from quire.cluster.registry import prefix_key
 from services.executor.remote_allocator import RemoteBlockAllocator
 from tests.services.conftest import RedisServer, wait_for
@@ -34,7 +35,7 @@ def manager_with_redis(redis_server: RedisServer) -> Iterator[ManagerThread]:
 
 
 def allocator(target: str, epoch: int = 1) -> RemoteBlockAllocator:
-    return RemoteBlockAllocator(target, "e1", epoch, 8, BS, True, "127.0.0.1:7000", lambda: [])
+    return RemoteBlockAllocator(target, "e1", epoch, 8, BS, True, "127.0.0.1:7000", BlockTables(BS))
 
 
 def expect_members(server: RedisServer, epoch: int, expected: set[bytes]) -> None:

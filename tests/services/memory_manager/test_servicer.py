@@ -19,6 +19,7 @@ from quire.block import (
     StepAllocation,
     TableUpdate,
 )
+from quire.block.tables import BlockTables
 from services.common.wire.memory_manager import step_to_proto
 from services.executor.remote_allocator import RemoteBlockAllocator, StaleEpochError
 from services.rpc import memory_manager_pb2 as pb
@@ -60,7 +61,15 @@ SCENARIO = [
 
 def remote(target: str, executor_id: str = "e1", epoch: int = 1) -> RemoteBlockAllocator:
     return RemoteBlockAllocator(
-        target, executor_id, epoch, 8, BS, True, "127.0.0.1:7000", lambda: [], retry_total_s=2.0
+        target,
+        executor_id,
+        epoch,
+        8,
+        BS,
+        True,
+        "127.0.0.1:7000",
+        BlockTables(BS),
+        retry_total_s=2.0,
     )
 
 

@@ -15,9 +15,9 @@ from quire.block import (
     ForkRequest,
     StepAllocation,
     StepAllocationResult,
+    TableDriftError,
 )
 from services.executor import remote_allocator
-from services.executor.remote_allocator import RemoteAllocatorError
 from tests.services.memory_manager.conftest import ManagerThread, MirroredAllocator
 
 BS = 4
@@ -76,7 +76,7 @@ def test_deltas_over_grpc_give_the_oracles_tables(manager: ManagerThread, seed: 
         assert got == expected, f"step {n}"
         live = {s: oracle.block_table(s) for s in oracle.seq_ids()}
         assert executor.tables(*live) == live
-        assert len(executor.allocator.tables) == len(live)
+        assert len(executor.block_tables) == len(live)
         waiting = [*expected.preempted, *[s for s in expected.not_admitted if s in waiting]]
         seen["preempted"] += len(expected.preempted)
         seen["copies"] += len(expected.copies)
@@ -147,5 +147,5 @@ def test_drift_that_persists_raises(
     executor = MirroredAllocator(manager.target, num_blocks=16, block_size=BS, verify_every=1)
     executor.allocator.register()
     _drop_first_update(monkeypatch, times=2)
-    with pytest.raises(RemoteAllocatorError, match="drifted again"):
+    with pytest.raises(TableDriftError, match="again after a resync"):
         executor.step(admits=(AdmitRequest("a", (1, 2, 3)),))
