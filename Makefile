@@ -56,11 +56,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) $(RPC_STAMP) $(CPU_KERNELS)
 
-# The C++ CPU attention kernels (kernels/csrc/), compiled against the venv's torch into
+# The C++ CPU kernels (libs/quire/kernels/csrc/), compiled against the venv's torch into
 # build/quire_kernels_cpu/<x86-64 level>/ for the newest level this CPU has (~15 s); without them
 # the CPU falls back to the torch reference and says so once in the log. A compiler error fails
 # the build. touch: an up-to-date library is not rewritten.
-$(CPU_KERNELS): $(STAMP) $(wildcard kernels/csrc/*.cpp kernels/csrc/*.h) kernels/cpp_build.py
+KERNEL_SOURCES := $(wildcard libs/quire/kernels/csrc/*.cpp libs/quire/kernels/csrc/*.h)
+$(CPU_KERNELS): $(STAMP) $(KERNEL_SOURCES) libs/quire/kernels/cpp_build.py
 	$(PY) -m quire.kernels.cpp_build
 	touch $@
 
@@ -240,7 +241,7 @@ $(GPU_KIT)/kit.json: $(STAMP) models/smollm2-135m-instruct/config.json $(SHAREGP
 gpu-kit: $(GPU_KIT)/kit.json
 
 gpu-check:
-	$(GPU_PYTHON) -m benchmarks.gpu.check --kit $(GPU_KIT) $(GPU_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR)/libs $(GPU_PYTHON) -m benchmarks.gpu.check --kit $(GPU_KIT) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) models bench/results services/rpc .run build/quire_kernels_cpu

@@ -1,12 +1,12 @@
 """The GPU check: one command that runs on a GPU machine's own Python, from the source tree.
 
-    python3 -m benchmarks.gpu.check [--kit .gpu-kit] [--out DIR]      # make gpu-check
+    PYTHONPATH=libs python3 -m benchmarks.gpu.check [--kit .gpu-kit] [--out DIR]  # make gpu-check
 
 Nothing is installed: the machine's python3 with its own torch (CUDA), Triton and transformers
-runs Quire from this checkout (benchmarks.source_tree maps kernels/ to `quire.kernels`, for this
-process and every child). What the machine cannot have, the model and the ShareGPT requests,
-comes in the kit (`make gpu-kit`, benchmarks.gpu.kit). Steps, each a child process with its own
-time limit, so that one failing or hanging step still leaves the others' results:
+runs Quire from this checkout, `quire` from libs/ on PYTHONPATH, which every step inherits. What
+the machine cannot have, the model and the ShareGPT requests, comes in the kit (`make gpu-kit`,
+benchmarks.gpu.kit). Steps, each a child process with its own time limit, so that one failing or
+hanging step still leaves the others' results:
 
 1. environment: Python, torch, Triton, transformers, the device; which needed module is missing.
 2. kernel tests: tests/kernels compiled for the device, against the torch reference (the
@@ -37,8 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks import source_tree
-
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT = Path("bench/results/gpu")
 DEFAULT_BUDGET_S = 450  # the whole check, under a lent machine's 8-minute slot
 # Step limits (s) within the budget; the end-to-end step gets what is left.
@@ -56,6 +55,7 @@ NEEDED_MODULES = (
     "jinja2",
     "pytest",
     "pytest_timeout",
+    "quire",  # from libs/: PYTHONPATH=libs
 )
 
 
@@ -93,15 +93,15 @@ def environment(device: str) -> StepResult:
     for name in ("triton", "transformers"):
         if importlib.util.find_spec(name) is not None:
             summary[name] = __import__(name).__version__
-    source_tree.install()
-    import quire.kernels
+    if "quire" not in missing:
+        import quire.kernels
 
-    summary["quire_kernels_from"] = str(Path(quire.kernels.__file__).parent)
+        summary["quire_kernels_from"] = str(Path(quire.kernels.__file__).parent)
     return StepResult("environment", status, time.perf_counter() - start, summary=summary)
 
 
 def run_step(name: str, args: list[str], out: Path, limit_s: float) -> StepResult:
-    """`python -m ARGS` as a child that sees the source tree, its output shown and logged."""
+    """`python -m ARGS` as a child in the checkout, its output shown and logged."""
     command = [sys.executable, "-m", *args]
     log_path = out / f"{name.replace(' ', '-')}.log"
     print(f"\n== {name}: {' '.join(args)} (limit {limit_s:.0f} s)", flush=True)
@@ -114,8 +114,7 @@ def run_step(name: str, args: list[str], out: Path, limit_s: float) -> StepResul
             command,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=source_tree.child_env(),
-            cwd=source_tree.REPO_ROOT,
+            cwd=REPO_ROOT,
             text=True,
             bufsize=1,
             start_new_session=True,  # its own process group: a timeout stops its children too

@@ -94,9 +94,9 @@ def vllm_environment(
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             # KV cache size in GiB (integer in vLLM's parser).
             "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib),
-            # Never put the working directory (or a script's folder) on sys.path: the repo
-            # root's kernels/ package would shadow the `kernels` distribution transformers
-            # probes for, and fail to import without Quire.
+            # Never put the working directory (or a script's folder) on sys.path: the
+            # checkout's top-level packages (tests/, services/, benchmarks/) must not stand
+            # in for distributions of the same name in the peer's venv.
             "PYTHONSAFEPATH": "1",
             "VLLM_NO_USAGE_STATS": "1",
             "DO_NOT_TRACK": "1",

@@ -195,7 +195,7 @@ def test_a_stale_level_gives_way_to_an_older_one(
     _on_cpu(monkeypatch, AVX512_HOST)
     name, passed_over = cpp_attention.choose_variant()
     assert name == "x86-64-v3"
-    assert passed_over == ["x86-64-v4: built from older sources than kernels/csrc/"]
+    assert passed_over == ["x86-64-v4: built from older sources than quire/kernels/csrc/"]
 
 
 def test_the_variant_setting_forces_one_or_none(

@@ -1,4 +1,4 @@
-"""Build the C++ CPU kernels (kernels/csrc/) into build/quire_kernels_cpu/<variant>/.
+"""Build the C++ CPU kernels (csrc/ beside this module) into build/quire_kernels_cpu/<variant>/.
 
     python -m quire.kernels.cpp_build [--all-levels] [--force]
 
@@ -39,13 +39,18 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-_CSRC = Path(__file__).resolve().parent / "csrc"
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_CSRC = _PACKAGE_DIR / "csrc"
 SOURCES = tuple(
     _CSRC / name
     for name in ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp", "cache_cpu.cpp", "linear_cpu.cpp")
 )
 HEADERS = (_CSRC / "cpu_features.h",)  # included by the sources: part of what a build is from
-BUILD_DIR = Path(__file__).resolve().parents[1] / "build" / "quire_kernels_cpu"
+# The checkout's build/ when the package runs from one (PYTHONPATH=libs, the editable install,
+# the images' /app); beside the package when it is installed elsewhere.
+_CHECKOUT = _PACKAGE_DIR.parents[2]
+_BUILD_ROOT = _CHECKOUT if (_CHECKOUT / "pyproject.toml").is_file() else _PACKAGE_DIR
+BUILD_DIR = _BUILD_ROOT / "build" / "quire_kernels_cpu"
 LIBRARY_NAME = "libquire_kernels_cpu.so"
 MANIFEST_NAME = "manifest.json"
 MARCH_ENV_VAR = "QUIRE_CPU_KERNELS_MARCH"

@@ -43,7 +43,7 @@ def _why_not_usable(name: str) -> str | None:
     if manifest is None or not cpp_build.library_path(name).exists():
         return f"not built ({cpp_build.variant_dir(name)})"
     if manifest.source_sha256 != cpp_build.source_sha256():
-        return "built from older sources than kernels/csrc/"
+        return "built from older sources than quire/kernels/csrc/"
     if manifest.torch_version != torch.__version__:
         return f"built for torch {manifest.torch_version}, running {torch.__version__}"
     missing = sorted(set(manifest.cpu_flags) - cpp_build.cpu_flags())
