@@ -26,7 +26,7 @@ from quire.sampling_params import (
     SamplingParams,
 )
 from services.router.structured import StructuredFields
-from services.router.tool_calls import Tool, ToolChoice
+from services.router.tool_schemas import Tool, ToolChoice
 
 MAX_STOP_CHARS = 1024  # longest stop string
 MAX_STOP_TOKEN_IDS = 256  # most stop_token_ids

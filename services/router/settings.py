@@ -165,10 +165,9 @@ class RouterSettings(BaseSettings):
     @field_validator("tool_call_parser")
     @classmethod
     def _check_tool_call_parser(cls, value: str) -> str:
-        from services.router.tool_parsers import TOOL_CALL_PARSERS
+        from services.router.tool_parsers.registry import tool_parser_class
 
-        if value not in TOOL_CALL_PARSERS:
-            raise ValueError(f"tool_call_parser must be one of {sorted(TOOL_CALL_PARSERS)}")
+        tool_parser_class(value)  # a ValueError naming the registered ones if unknown
         return value
 
     @model_validator(mode="after")

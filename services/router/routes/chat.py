@@ -30,14 +30,9 @@ from services.router.schemas import (
 )
 from services.router.structured import check_spec
 from services.router.token_text import TokenText
-from services.router.tool_calls import (
-    AutoCalls,
-    CallDelta,
-    ForcedCall,
-    ToolCallParser,
-    plan_tool_calls,
-)
-from services.router.tool_parsers import TOOL_CALL_PARSERS, AutoToolParser
+from services.router.tool_calls import ToolCallPlan, plan_tool_calls
+from services.router.tool_parsers.base import CallDelta, ExtractedToolCalls, ToolParser
+from services.router.tool_parsers.registry import tool_parser_class
 
 router = APIRouter(tags=["chat"])
 
@@ -52,15 +47,15 @@ async def create_chat_completion(
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     structured = body.requested_structured()
     template = state.prompts.tool_template
-    auto_format = TOOL_CALL_PARSERS[template.parser] if template is not None else None
+    auto_parser = tool_parser_class(template.parser) if template is not None else None
     choice = body.tool_choice
     if choice is None and structured is not None:
         choice = "none"  # a structured output asked for: tools default to "none", as before
-    call = plan_tool_calls(body.tools, choice, body.parallel_tool_calls, auto_format)
-    if call is not None:
+    plan = plan_tool_calls(body.tools, choice, body.parallel_tool_calls, auto_parser)
+    if plan is not None:
         if structured is not None:
             raise bad_request(f"{structured[0]} cannot be combined with tool calls", structured[0])
-        structured = ("tools", call.spec)
+        structured = ("tools", plan.spec)
     if structured is not None:
         check_spec(structured[1], structured[0])
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
@@ -83,7 +78,7 @@ async def create_chat_completion(
         state.settings.model_name,
         body.logprobs,
         num_prompt_logprobs=body.prompt_logprobs,
-        tool_call=call,
+        tool_calls=plan,
     )
     return await serve_generation(
         request, state, response_id, [prompt], params, requested, body, shape
@@ -99,10 +94,9 @@ class ChatShape:
     model: str
     with_logprobs: bool
     num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs (response level)
-    # Tool calls the text becomes: a forced call's, or "auto"'s words and calls.
-    tool_call: ForcedCall | AutoCalls | None = None
-    _parsers: dict[int, ToolCallParser] = field(default_factory=dict)
-    _auto_parsers: dict[int, AutoToolParser] = field(default_factory=dict)  # one per choice
+    # The tool calls the text becomes: the format that reads each choice, or None.
+    tool_calls: ToolCallPlan | None = None
+    _parsers: dict[int, ToolParser] = field(default_factory=dict)  # one per streamed choice
 
     def opening(self, num_choices: int) -> list[BaseModel]:
         """Every choice's first chunk names the assistant role, before any content."""
@@ -122,10 +116,7 @@ class ChatShape:
                         index=u.index,
                         delta=self._delta(u),
                         logprobs=self._logprobs(u),
-                        finish_reason=self._finish_reason(
-                            u.finish_reason,
-                            self._parsers.get(u.index) or self._auto_parsers.get(u.index),
-                        ),
+                        finish_reason=self._streamed_finish_reason(u),
                         stop_reason=u.stop_reason,
                     )
                 ]
@@ -145,12 +136,12 @@ class ChatShape:
             choices=[
                 ChatChoice(
                     index=c.index,
-                    message=self._message(c, parser),
+                    message=self._message(c, calls),
                     logprobs=self._logprobs(c),
-                    finish_reason=self._finish_reason(c.finish_reason, parser),
+                    finish_reason=self._finish_reason(c.finish_reason, calls),
                     stop_reason=c.stop_reason,
                 )
-                for c, parser in zip(choices, self._whole_parsers(choices), strict=True)
+                for c, calls in ((c, self._extract(c)) for c in choices)
             ],
             usage=usage,
             prompt_logprobs=self._prompt_logprobs(choices),
@@ -165,70 +156,48 @@ class ChatShape:
         )
 
     def _delta(self, update: ChoiceUpdate) -> DeltaMessage:
-        if self.tool_call is None:
+        """Words as content, calls as tool_calls; what could still be a call is held back."""
+        if self.tool_calls is None:
             return DeltaMessage(content=update.text) if update.text else DeltaMessage()
-        if isinstance(self.tool_call, AutoCalls):
-            return self._auto_delta(update, self.tool_call)
-        parser = self._parsers.setdefault(update.index, ToolCallParser(self.tool_call.name))
-        calls = _delta_calls(parser.feed(update.text))
-        return DeltaMessage(tool_calls=calls) if calls else DeltaMessage()
-
-    def _auto_delta(self, update: ChoiceUpdate, auto: AutoCalls) -> DeltaMessage:
-        """Words as content, calls as tool_calls; what could be a tag is held back."""
-        parser = self._auto_parsers.get(update.index)
+        parser = self._parsers.get(update.index)
         if parser is None:
-            parser = self._auto_parsers[update.index] = auto.format.new_parser()
+            parser = self._parsers[update.index] = self.tool_calls.new_parser()
         parsed = parser.feed(update.text)
         content, calls = parsed.content, _delta_calls(parsed.calls)
         if update.finish_reason is not None:
-            content += parser.finish().content
+            end = parser.finish(update.finish_reason == "stop")
+            content, calls = content + end.content, calls + _delta_calls(end.calls)
         return DeltaMessage(content=content or None, tool_calls=calls or None)
 
-    def _whole_parsers(
-        self, choices: list[ChoiceUpdate]
-    ) -> list[ToolCallParser | AutoToolParser | None]:
-        if self.tool_call is None:
-            return [None] * len(choices)
-        parsers: list[ToolCallParser | AutoToolParser | None] = []
-        for choice in choices:
-            if isinstance(self.tool_call, AutoCalls):
-                auto = self.tool_call.format.new_parser()
-                auto.feed(choice.text)
-                auto.finish()
-                parsers.append(auto)
-                continue
-            parser = ToolCallParser(self.tool_call.name)
-            parser.feed(choice.text)
-            parsers.append(parser)
-        return parsers
+    def _extract(self, choice: ChoiceUpdate) -> ExtractedToolCalls | None:
+        if self.tool_calls is None:
+            return None
+        return self.tool_calls.new_parser().extract(choice.text, choice.finish_reason == "stop")
 
     def _message(
-        self, choice: ChoiceUpdate, parser: ToolCallParser | AutoToolParser | None
+        self, choice: ChoiceUpdate, calls: ExtractedToolCalls | None
     ) -> ChatResponseMessage:
-        """The reply; a forced call's text as tool_calls (as text if it was cut short);
-        "auto"'s words as content, its whole calls as tool_calls (an unfinished one as text)."""
-        if parser is None:
+        """The reply: words as content, whole calls as tool_calls (the raw text of a call that
+        was cut short stays content)."""
+        if calls is None:
             return ChatResponseMessage(content=choice.text)
-        if isinstance(parser, ToolCallParser):
-            if choice.finish_reason != "stop" or not parser.is_complete():
-                return ChatResponseMessage(content=choice.text)
-            return ChatResponseMessage(content=None, tool_calls=_tool_calls(parser.calls))
-        calls = parser.complete_calls()
-        content = parser.content + parser.unfinished_text()
         return ChatResponseMessage(
-            content=content or (None if calls else ""), tool_calls=_tool_calls(calls)
+            content=calls.content or (None if calls.tools_called else ""),
+            tool_calls=_tool_calls(calls.calls),
         )
 
-    def _finish_reason(
-        self, reason: str | None, parser: ToolCallParser | AutoToolParser | None
-    ) -> str | None:
+    def _streamed_finish_reason(self, update: ChoiceUpdate) -> str | None:
+        parser = self._parsers.get(update.index)
+        if update.finish_reason != "stop" or parser is None:
+            return update.finish_reason
+        return self._finish_reason(update.finish_reason, parser.extracted())
+
+    def _finish_reason(self, reason: str | None, calls: ExtractedToolCalls | None) -> str | None:
         # The output stopped with whole calls (a forced call's grammar ended it, or "auto"
         # made at least one): OpenAI's "tool_calls".
-        if reason != "stop" or parser is None:
-            return reason
-        if isinstance(parser, ToolCallParser):
-            return "tool_calls" if parser.is_complete() else reason
-        return "tool_calls" if parser.complete_calls() else reason
+        if reason == "stop" and calls is not None and calls.tools_called:
+            return "tool_calls"
+        return reason
 
     def _chunk(
         self, choices: list[ChatChunkChoice], usage: UsageInfo | None = None

@@ -1,20 +1,14 @@
-"""Tool-call formats for `tool_choice: "auto"`: the grammar a model writes calls under, and
-the parser that reads them back out of its text (router setting `tool_call_parser`).
-
-A format is a registry entry (`TOOL_CALL_PARSERS`): `structural_tag(tools, parallel)` is the
-xgrammar structural tag that lets the model write free text but holds every call it starts
-to the format, with a known tool name and arguments under that tool's `parameters` schema
-(so the arguments always parse, whatever the model); `new_parser()` makes the incremental
-parser that splits the output into `content` and tool calls, one per choice.
-
-`hermes` (Hermes / Qwen2.5, what the shipped ChatML tool template asks for):
+"""`hermes`: Hermes / Qwen2.5 tool calls, what the shipped ChatML tool template asks for.
 
     some text<tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-Text outside the tags is content, except the whitespace that separates a call from what
-comes before it, or from the end of the output (the format's, not the model's words).
+The grammar (`hermes_structural_tag`) is an xgrammar structural tag: free text until the
+trigger `<tool_call>`, then a call of one of the tools with arguments under that tool's
+`parameters` schema, then free text again (so the arguments always parse, whatever the
+model). Text outside the tags is content, except the whitespace that separates a call from
+what comes before it, or from the end of the output (the format's, not the model's words).
 While streaming, text that could still become `<tool_call>` is held back, so no partial tag
 ever reaches a client as content; arguments stream as they are generated.
 """
@@ -23,49 +17,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any
 
-from services.router.tool_calls import NO_ARGUMENTS, CallDelta, Tool, json_value_end, new_call_id
-
-
-@dataclass
-class ParsedDelta:
-    """What one `feed` found: new content text and the calls' new parts."""
-
-    content: str = ""
-    calls: list[CallDelta] = field(default_factory=list)
-
-
-class AutoToolParser(Protocol):
-    """Reads a model's output, as it grows, into content and tool calls."""
-
-    calls: list[CallDelta]  # the calls begun so far, whole argument text so far
-    content: str  # all the content emitted so far
-
-    def feed(self, new_text: str) -> ParsedDelta: ...
-
-    def finish(self) -> ParsedDelta:
-        """The output ended: release what was held back as content."""
-        ...
-
-    def complete_calls(self) -> list[CallDelta]:
-        """The calls whose closing tag was written."""
-        ...
-
-    def unfinished_text(self) -> str:
-        """The raw text of a call that was begun but not closed ("" if none)."""
-        ...
-
-
-@dataclass(frozen=True)
-class ToolCallFormat:
-    """A registry entry: the grammar of a call format and its parser."""
-
-    structural_tag: Callable[[list[Tool], bool], dict[str, Any]]
-    new_parser: Callable[[], AutoToolParser]
-
+from quire.structured_params import StructuredOutputParams
+from services.router.tool_parsers.base import (
+    CallDelta,
+    ExtractedToolCalls,
+    ParsedDelta,
+    ToolParser,
+    new_call_id,
+    register_tool_parser,
+)
+from services.router.tool_parsers.json_text import json_value_end
+from services.router.tool_schemas import Tool
 
 HERMES_OPEN = "<tool_call>"
 HERMES_CLOSE = "</tool_call>"
@@ -87,7 +52,7 @@ def hermes_structural_tag(tools: list[Tool], parallel: bool) -> dict[str, Any]:
             "begin": _HERMES_BEGIN + t.function.name + _HERMES_ARGUMENTS,
             "content": {
                 "type": "json_schema",
-                "json_schema": t.function.parameters or NO_ARGUMENTS,
+                "json_schema": t.function.arguments_schema,
                 "max_whitespace_cnt": MAX_ARGUMENT_WHITESPACE,
             },
             "end": _HERMES_END,
@@ -113,19 +78,25 @@ def _held_prefix(text: str, tag: str) -> int:
     return 0
 
 
-@dataclass
-class HermesToolParser:
+@register_tool_parser("hermes")
+class HermesToolParser(ToolParser):
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` calls amid free text."""
 
-    text: str = ""
-    calls: list[CallDelta] = field(default_factory=list)
-    content: str = ""
-    _pos: int = 0  # text before this is consumed
-    _state: str = "text"  # text | head | arguments | tail
-    _held_space: str = ""  # content whitespace not yet released (a tag may follow it)
-    _call_start: int = 0  # where the open call's `<tool_call>` starts
-    _args_start: int = 0
-    _num_complete: int = 0
+    def __init__(self, tools: Sequence[Tool] = ()) -> None:
+        super().__init__(tools)
+        self.text = ""
+        self.calls: list[CallDelta] = []  # the calls begun so far, whole argument text so far
+        self.content = ""  # all the content emitted so far
+        self._pos = 0  # text before this is consumed
+        self._state = "text"  # text | head | arguments | tail
+        self._held_space = ""  # content whitespace not yet released (a tag may follow it)
+        self._call_start = 0  # where the open call's `<tool_call>` starts
+        self._args_start = 0
+        self._num_complete = 0
+
+    @classmethod
+    def grammar(cls, tools: list[Tool], parallel: bool) -> StructuredOutputParams:
+        return StructuredOutputParams(structural_tag=hermes_structural_tag(tools, parallel))
 
     def feed(self, new_text: str) -> ParsedDelta:
         self.text += new_text
@@ -135,7 +106,7 @@ class HermesToolParser:
         self.content += out.content
         return out
 
-    def finish(self) -> ParsedDelta:
+    def finish(self, stopped: bool = True) -> ParsedDelta:
         out = ParsedDelta()
         if self._state == "text":
             rest = self._held_space + self.text[self._pos :]
@@ -145,10 +116,15 @@ class HermesToolParser:
         self.content += out.content
         return out
 
+    def extracted(self) -> ExtractedToolCalls:
+        return ExtractedToolCalls(self.content + self.unfinished_text(), self.complete_calls())
+
     def complete_calls(self) -> list[CallDelta]:
+        """The calls whose closing tag was written."""
         return self.calls[: self._num_complete]
 
     def unfinished_text(self) -> str:
+        """The raw text of a call that was begun but not closed ("" if none)."""
         return "" if self._state == "text" else self.text[self._call_start :]
 
     def _step(self, out: ParsedDelta) -> bool:
@@ -210,8 +186,3 @@ class HermesToolParser:
         released = self._held_space + body
         self._held_space = text[len(body) :]
         return released
-
-
-TOOL_CALL_PARSERS: dict[str, ToolCallFormat] = {
-    "hermes": ToolCallFormat(hermes_structural_tag, HermesToolParser),
-}

@@ -348,11 +348,11 @@ def test_cut_short_tool_call_comes_back_as_text(
 
 @pytest.mark.parametrize("step", [1, 3, 1000])
 def test_tool_call_parser_handles_strings_with_brackets(step: int) -> None:
-    from services.router.tool_calls import ToolCallParser
+    from services.router.tool_parsers.forced import RequiredCallsParser
 
     text = '[{"name": "f", "arguments": {"q": "a}]\\"[{"}}]'
-    parser = ToolCallParser(None)
-    pieces = [parser.feed(text[i : i + step]) for i in range(0, len(text), step)]
+    parser = RequiredCallsParser()
+    pieces = [parser.feed(text[i : i + step]).calls for i in range(0, len(text), step)]
     assert parser.is_complete()
     (call,) = parser.calls
     assert call.name == "f" and json.loads(call.arguments) == {"q": 'a}]"[{'}

@@ -11,12 +11,9 @@ import pytest
 
 from quire.structured_params import StructuredOutputParams, parse_grammar
 from services.router.prompts import load_tokenizer
-from services.router.tool_calls import Tool
-from services.router.tool_parsers import (
-    TOOL_CALL_PARSERS,
-    HermesToolParser,
-    hermes_structural_tag,
-)
+from services.router.tool_parsers.hermes import HermesToolParser, hermes_structural_tag
+from services.router.tool_parsers.registry import tool_parser_class
+from services.router.tool_schemas import Tool
 
 WEATHER_CALL = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
@@ -129,9 +126,9 @@ def test_a_call_cut_short_stays_unfinished() -> None:
 
 
 def test_registry_has_hermes() -> None:
-    fmt = TOOL_CALL_PARSERS["hermes"]
-    assert isinstance(fmt.new_parser(), HermesToolParser)
-    assert fmt.new_parser() is not fmt.new_parser()  # one parser per choice
+    fmt = tool_parser_class("hermes")
+    assert fmt is HermesToolParser
+    assert fmt() is not fmt()  # one parser per choice
 
 
 # --- the grammar "auto" decodes under, on the default model's real tokenizer ---------------
