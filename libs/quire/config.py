@@ -1,10 +1,15 @@
-"""EngineConfig: every knob of the offline engine, with its default."""
+"""EngineConfig: every knob of the engine, defined once with its default and its one-line help.
+
+The offline `LLM`'s keyword arguments are these fields; the executor's settings take each
+field's default and help from here (`engine_field`), so a default is written in one place.
+"""
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -12,27 +17,47 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30  # KV budget on CPU when num_kv_blocks is N
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # fraction of free GPU memory the KV cache may take
 
 
+def _setting(default: Any, help: str) -> Any:
+    """A field with its default and its one-line help (shown by every CLI that offers it)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Engine settings. Validated on construction; `resolve_*` pick auto values."""
 
-    model: str  # local Hugging Face checkpoint directory
-    block_size: int = 16  # tokens per KV block
-    num_kv_blocks: int | None = None  # cap on the pool; None sizes it from memory
-    enable_prefix_caching: bool = True  # share full prompt blocks by chained hash
-    max_num_seqs: int = 256  # most sequences running at once
-    max_num_batched_tokens: int = 2048  # most tokens per step (longer prompts are chunked)
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    # auto = bfloat16 on CUDA and on CPUs with native bf16 (AVX512_BF16 or AMX), else float32
-    dtype: str = "auto"
-    device: str = "auto"  # auto = cuda when available, else cpu
-    seed: int = 0  # default seed for unseeded random sampling
+    model: str = field(metadata={"help": "local Hugging Face checkpoint directory"})
+    block_size: int = _setting(16, "tokens per KV block (a power of two)")
+    num_kv_blocks: int | None = _setting(
+        None,
+        "KV pool size in blocks (unset: sized from memory, 2 GiB on CPU, 90% of the free GPU "
+        "memory on CUDA, capped at what max_num_seqs full-length sequences use)",
+    )
+    enable_prefix_caching: bool = _setting(True, "share full prompt blocks by chained hash")
+    max_num_seqs: int = _setting(256, "most sequences running at once")
+    max_num_batched_tokens: int = _setting(
+        2048, "most tokens per engine step (longer prompts are chunked)"
+    )
+    max_model_len: int | None = _setting(None, "context cap (default: the model's)")
+    dtype: str = _setting(
+        "auto",
+        "auto (bfloat16 on CUDA and on CPUs with native bf16: AVX512_BF16 or AMX, else "
+        "float32), float32, bfloat16 or float16",
+    )
+    device: str = _setting("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
+    seed: int = _setting(0, "default seed for unseeded random sampling")
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -53,6 +78,22 @@ class EngineConfig:
             native = device.type == "cuda" or cpu_has_native_bf16()
             return torch.bfloat16 if native else torch.float32
         return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+
+def engine_field(name: str) -> Field[Any]:
+    """EngineConfig's field `name` (its default, and its help in `metadata["help"]`)."""
+    for f in fields(EngineConfig):
+        if f.name == name:
+            return f
+    raise KeyError(f"EngineConfig has no field {name!r}")
+
+
+def engine_default(name: str) -> Any:
+    """The default of EngineConfig's field `name` (KeyError for `model`, which has none)."""
+    default = engine_field(name).default
+    if default is MISSING:
+        raise KeyError(f"EngineConfig's {name!r} has no default")
+    return default
 
 
 @functools.cache

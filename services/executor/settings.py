@@ -5,16 +5,26 @@ from __future__ import annotations
 import socket
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from quire.config import engine_default, engine_field
 from services.common import cli
 from services.common.tls import check_server_paths
 
 LOCAL_MEMORY_MANAGER = "local"  # --memory-manager value for an in-process BlockManager
 _WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+
+
+def _engine(name: str, **constraints: Any) -> Any:
+    """The executor's setting for EngineConfig's field `name`: its default and help."""
+    return Field(
+        default=engine_default(name),
+        description=engine_field(name).metadata["help"],
+        **constraints,
+    )
 
 
 class ExecutorSettings(BaseSettings):
@@ -33,7 +43,7 @@ class ExecutorSettings(BaseSettings):
     )
     model: str = Field(
         default="models/smollm2-135m-instruct",
-        description="local Hugging Face checkpoint directory",
+        description=engine_field("model").metadata["help"],
     )
     served_model_name: str = Field(
         default="", description="model name reported (default: model dir name)"
@@ -54,28 +64,16 @@ class ExecutorSettings(BaseSettings):
         default="redis://127.0.0.1:6379/0", description="Redis for liveness records ('' disables)"
     )
     redis_prefix: str = Field(default="quire", description="prefix of every Redis key")
-    num_kv_blocks: int | None = Field(
-        default=None,
-        ge=1,
-        description="KV pool size in blocks (unset or '': sized from memory, 2 GiB on CPU, 90% "
-        "of the free GPU memory on CUDA)",
-    )
-    block_size: int = Field(default=16, description="tokens per KV block")
-    max_num_seqs: int = Field(default=256, description="most sequences running at once")
-    max_num_batched_tokens: int = Field(default=2048, description="most tokens per engine step")
-    max_model_len: int | None = Field(
-        default=None, description="context cap (default: the model's)"
-    )
-    enable_prefix_caching: bool = Field(
-        default=True, description="share full prompt blocks by hash"
-    )
-    device: str = Field(default="auto", description="auto, cpu or cuda[:N]")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        default="auto",
-        description="auto (bfloat16 on CUDA and on CPUs with native bf16, else float32), "
-        "float32, bfloat16 or float16",
-    )
-    seed: int = Field(default=0, description="default seed for unseeded random sampling")
+    # The engine's settings (quire.config.EngineConfig defines their defaults and help).
+    num_kv_blocks: int | None = _engine("num_kv_blocks", ge=1)
+    block_size: int = _engine("block_size", ge=1)
+    max_num_seqs: int = _engine("max_num_seqs", ge=1)
+    max_num_batched_tokens: int = _engine("max_num_batched_tokens", ge=1)
+    max_model_len: int | None = _engine("max_model_len", ge=2)
+    enable_prefix_caching: bool = _engine("enable_prefix_caching")
+    device: str = _engine("device")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _engine("dtype")
+    seed: int = _engine("seed")
     torch_threads: int = Field(
         default=0,
         ge=0,

@@ -74,9 +74,7 @@ class LLMEngine:
             allocator = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.allocator = allocator
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                config.max_num_seqs, config.max_num_batched_tokens, extra_key=str(path.name)
-            ),
+            SchedulerConfig.of(config, extra_key=str(path.name)),
             self.allocator,
             self.runner.tables,
         )

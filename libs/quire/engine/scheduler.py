@@ -22,24 +22,21 @@ from quire.block.allocator import (
     StepAllocation,
 )
 from quire.block.tables import BlockTables
+from quire.config import EngineConfig
 from quire.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Budgets for one engine step."""
+    """Budgets for one engine step (EngineConfig's, which defines and validates them)."""
 
-    max_num_seqs: int = 256  # most sequences running at once
-    max_num_batched_tokens: int = 2048  # most tokens (prefill chunks + decodes) per step
-    extra_key: str = ""  # mixed into block hashes (model id)
+    max_num_seqs: int  # most sequences running at once
+    max_num_batched_tokens: int  # most tokens (prefill chunks + decodes) per step
+    extra_key: str  # mixed into block hashes (model id)
 
-    def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(
-                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
-            )
+    @classmethod
+    def of(cls, config: EngineConfig, extra_key: str = "") -> SchedulerConfig:
+        return cls(config.max_num_seqs, config.max_num_batched_tokens, extra_key)
 
 
 @dataclass(frozen=True)

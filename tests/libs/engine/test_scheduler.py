@@ -7,6 +7,7 @@ from typing import Any
 from quire.block.allocator import StepAllocation, StepAllocationResult
 from quire.block.manager import BlockManager
 from quire.block.tables import BlockTables
+from quire.config import EngineConfig
 from quire.engine.model_runner import ModelRunnerOutput, SampledToken
 from quire.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from quire.engine.sequence import Request, Sequence
@@ -14,6 +15,11 @@ from quire.engine.update import StopRules, update_from_output
 from quire.sampling_params import SamplingParams
 
 RULES = StopRules(eos_token_ids=frozenset({2}), max_model_len=4096)
+
+
+def budgets(**fields: Any) -> SchedulerConfig:
+    """The engine's step budgets: its defaults, `fields` changed."""
+    return SchedulerConfig.of(EngineConfig(model="unused", **fields))
 
 
 def scheduler(config: SchedulerConfig, manager: BlockManager) -> Scheduler:
@@ -42,9 +48,7 @@ def run_step(scheduler: Scheduler, token_id: int = 7) -> SchedulerOutput:
 
 
 def test_token_budget_chunks_prefill_and_decodes_go_first() -> None:
-    sched = scheduler(
-        SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=40), BlockManager(64, 16)
-    )
+    sched = scheduler(budgets(max_num_seqs=8, max_num_batched_tokens=40), BlockManager(64, 16))
     a, b = make_seq("a", 0, 30), make_seq("b", 1, 50)
     sched.add(a)
     sched.add(b)
@@ -59,9 +63,7 @@ def test_token_budget_chunks_prefill_and_decodes_go_first() -> None:
 
 
 def test_max_num_seqs_caps_running() -> None:
-    sched = scheduler(
-        SchedulerConfig(max_num_seqs=2, max_num_batched_tokens=1000), BlockManager(64, 16)
-    )
+    sched = scheduler(budgets(max_num_seqs=2, max_num_batched_tokens=1000), BlockManager(64, 16))
     for i in range(4):
         sched.add(make_seq(f"r{i}", i, 5))
     out = run_step(sched)
@@ -71,9 +73,7 @@ def test_max_num_seqs_caps_running() -> None:
 
 def test_preemption_takes_latest_arrival_and_requeues_it_first() -> None:
     # 4 blocks of 4 tokens: two sequences of 7 tokens fill 4 blocks after one decode each.
-    sched = scheduler(
-        SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=100), BlockManager(4, 4)
-    )
+    sched = scheduler(budgets(max_num_seqs=4, max_num_batched_tokens=100), BlockManager(4, 4))
     a, b, c = make_seq("a", 0, 7), make_seq("b", 1, 7), make_seq("c", 2, 3)
     for s in (a, b, c):
         sched.add(s)
@@ -89,7 +89,7 @@ def test_preemption_takes_latest_arrival_and_requeues_it_first() -> None:
 
 def test_finished_sequences_are_freed_by_the_next_call() -> None:
     manager = BlockManager(16, 4)
-    sched = scheduler(SchedulerConfig(), manager)
+    sched = scheduler(budgets(), manager)
     a = make_seq("a", 0, 9)
     sched.add(a)
     run_step(sched)
@@ -104,7 +104,7 @@ def test_finished_sequences_are_freed_by_the_next_call() -> None:
 
 def test_flush_ships_frees_without_admitting_anyone() -> None:
     manager = BlockManager(16, 4)
-    sched = scheduler(SchedulerConfig(), manager)
+    sched = scheduler(budgets(), manager)
     a = make_seq("a", 0, 9)
     sched.add(a)
     run_step(sched)
@@ -118,7 +118,7 @@ def test_flush_ships_frees_without_admitting_anyone() -> None:
 
 def test_update_forks_n_outputs_on_the_first_token_and_shares_blocks() -> None:
     manager = BlockManager(16, 4)
-    sched = scheduler(SchedulerConfig(), manager)
+    sched = scheduler(budgets(), manager)
     seq = make_seq("f", 0, 6, n=3)
     sched.add(seq)
     out = run_step(sched)
@@ -139,7 +139,7 @@ def test_update_forks_n_outputs_on_the_first_token_and_shares_blocks() -> None:
 
 def test_update_stops_on_eos_stop_token_and_length() -> None:
     manager = BlockManager(16, 4)
-    sched = scheduler(SchedulerConfig(), manager)
+    sched = scheduler(budgets(), manager)
     eos, stop_id = make_seq("e", 0, 5), make_seq("s", 1, 5, stop_token_ids=[9])
     length = make_seq("l", 2, 5, max_tokens=2)
     for s in (eos, stop_id, length):
@@ -174,7 +174,7 @@ class RecordingManager(BlockManager):
 
 def test_commits_are_sent_when_a_block_fills_and_prefix_hits_still_happen() -> None:
     manager = RecordingManager(64, 4)
-    sched = scheduler(SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=100), manager)
+    sched = scheduler(budgets(max_num_seqs=4, max_num_batched_tokens=100), manager)
     a = make_seq("a", 0, 6, max_tokens=8)
     sched.add(a)
     for _ in range(8):
