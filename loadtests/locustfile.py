@@ -16,16 +16,15 @@ fewer tokens than max_tokens.
 from __future__ import annotations
 
 import itertools
-import json
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import requests
 from locust import HttpUser, between, events, task
 from locust.clients import ResponseContextManager
 
+from benchmarks.common.sse import StreamRecord
 from loadtests.workload import (
     LoadConfig,
     RequestPlan,
@@ -46,60 +45,20 @@ if POOL:
 _user_numbers = itertools.count()
 
 
-@dataclass
-class StreamResult:
-    """What one SSE stream delivered."""
-
-    ttft_ms: float | None = None
-    gaps_ms: list[float] = field(default_factory=list)
-    completion_tokens: int | None = None
-    num_bytes: int = 0
-    error: str | None = None
-
-
-def read_stream(resp: ResponseContextManager, sent: float, kind: str) -> StreamResult:
-    """Consume the SSE body, timing every chunk that carries text."""
-    result = StreamResult()
-    last: float | None = None
-    done = False
+def read_stream(resp: ResponseContextManager, sent: float) -> tuple[StreamRecord, int]:
+    """Consume the SSE body into a record (benchmarks.common.sse); also its size in bytes."""
+    record = StreamRecord(start=sent, status=resp.status_code)
+    num_bytes = 0
     try:
         for raw in resp.iter_lines():
-            now = time.perf_counter()
-            result.num_bytes += len(raw) + 1
-            line = raw.decode("utf-8", errors="replace")
-            if not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
-                done = True
+            num_bytes += len(raw) + 1
+            if not record.feed_line(raw.decode("utf-8", errors="replace"), time.perf_counter()):
                 break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                result.error = f"SSE error: {chunk['error'].get('message', chunk['error'])}"
-                return result
-            if chunk.get("usage"):
-                result.completion_tokens = chunk["usage"].get("completion_tokens")
-            if not _has_text(chunk, kind):
-                continue
-            if last is None:
-                result.ttft_ms = (now - sent) * 1000
-            else:
-                result.gaps_ms.append((now - last) * 1000)
-            last = now
-    except (requests.RequestException, ValueError) as exc:
-        result.error = f"broken stream: {exc!r}"
-        return result
-    if not done:
-        result.error = "stream ended without [DONE]"
-    return result
-
-
-def _has_text(chunk: dict[str, Any], kind: str) -> bool:
-    for choice in chunk.get("choices") or ():
-        text = choice.get("delta", {}).get("content") if kind == "chat" else choice.get("text")
-        if text:
-            return True
-    return False
+    except requests.RequestException as exc:
+        record.exception = exc
+        record.fail(f"broken stream: {exc!r}")
+    record.finish(time.perf_counter())
+    return record, num_bytes
 
 
 def report(name: str, response_time_ms: float, length: int = 0) -> None:
@@ -166,21 +125,20 @@ class StreamingUser(HttpUser):
                 detail = repr(resp.error) if resp.status_code == 0 else resp.text[:300]
                 resp.failure(f"HTTP {resp.status_code}: {detail}")
                 return
-            result = read_stream(resp, sent, kind)
+            record, num_bytes = read_stream(resp, sent)
             # The entry's response time is the whole stream, not just the headers.
             resp.request_meta["response_time"] = (time.perf_counter() - sent) * 1000
-            resp.request_meta["response_length"] = result.num_bytes
-            short = CONFIG.ignore_eos and result.completion_tokens != plan.max_tokens
-            if result.error is None and short:
-                result.error = (
-                    f"{result.completion_tokens} tokens generated, "
-                    f"{plan.max_tokens} asked with ignore_eos"
+            resp.request_meta["response_length"] = num_bytes
+            completion_tokens = record.usage.completion_tokens if record.usage else None
+            if CONFIG.ignore_eos and completion_tokens != plan.max_tokens:
+                record.fail(
+                    f"{completion_tokens} tokens generated, asked {plan.max_tokens} with ignore_eos"
                 )
-            if result.error is not None:
-                resp.failure(result.error)
+            if record.error:
+                resp.failure(record.error)
                 return
             resp.success()
-        if result.ttft_ms is not None:
-            report(f"TTFT {kind}", result.ttft_ms)
-        for gap in result.gaps_ms:
-            report(f"ITL {kind}", gap)
+        if record.ttft is not None:
+            report(f"TTFT {kind}", record.ttft * 1000)
+        for gap in record.itl:
+            report(f"ITL {kind}", gap * 1000)

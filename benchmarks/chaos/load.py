@@ -12,6 +12,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.common.sse import StreamRecord
+from benchmarks.common.sse_client import stream
+
 BUCKETS = ("completed", "failed_clean", "hung", "lost", "disconnected")
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog and then",
@@ -31,7 +34,7 @@ class Outcome:
     end: float
     status: int = 0
     executors: str = ""  # x-quire-executor
-    ttft: float | None = None  # first content event (streams)
+    ttft: float | None = None  # first text chunk (streams)
     detail: str = ""
 
 
@@ -125,78 +128,71 @@ async def one_request(
 ) -> Outcome:
     """Send one request and classify it."""
     out = Outcome(req["kind"], "hung", time.monotonic(), 0.0)
-    try:
-        await asyncio.wait_for(_send(client, url, req, out), deadline_s)
-    except TimeoutError:
-        out.bucket = "hung"
+    body = req["body"]
+    if body.get("stream"):
+        max_events = 2 if req["kind"] == "disconnect" else None
+        record = await stream(
+            client, f"{url}/v1/completions", body, deadline_s=deadline_s, max_events=max_events
+        )
+        classify_stream(record, out)
+    else:
+        try:
+            await asyncio.wait_for(_send_plain(client, url, body, out), deadline_s)
+        except TimeoutError:
+            out.bucket = "hung"
     out.end = time.monotonic()
     return out
 
 
-async def _send(client: httpx.AsyncClient, url: str, req: dict[str, Any], out: Outcome) -> None:
-    body = req["body"]
-    endpoint = f"{url}/v1/completions"
-    if not body.get("stream"):
-        try:
-            resp = await client.post(endpoint, json=body)
-        except httpx.ConnectError as exc:
-            out.bucket, out.detail = "failed_clean", f"refused: {exc!r}"  # never accepted
-            return
-        except httpx.TransportError as exc:
-            out.bucket, out.detail = "lost", repr(exc)
-            return
-        out.status = resp.status_code
-        out.executors = resp.headers.get("x-quire-executor", "")
-        if resp.status_code == 200:
-            choices = resp.json().get("choices", [])
-            out.bucket = "completed" if choices else "lost"
-        else:
-            out.bucket, out.detail = classify_error(resp.status_code, resp.headers, resp.text)
-        return
-    accepted = False
+async def _send_plain(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], out: Outcome
+) -> None:
     try:
-        async with client.stream("POST", endpoint, json=body) as resp:
-            out.status = resp.status_code
-            out.executors = resp.headers.get("x-quire-executor", "")
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                out.bucket, out.detail = classify_error(resp.status_code, resp.headers, text)
-                return
-            accepted = True
-            events = 0
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[len("data: ") :]
-                if data == "[DONE]":
-                    if out.bucket != "failed_clean":
-                        out.bucket = "completed"
-                    return
-                if has_error_object(data):
-                    out.bucket, out.detail = "failed_clean", data[:200]
-                    continue
-                events += 1
-                if out.ttft is None:
-                    out.ttft = time.monotonic() - out.start
-                if req["kind"] == "disconnect" and events >= 2:
-                    out.bucket = "disconnected"
-                    return  # leaving the block closes the connection mid-stream
-            if out.bucket != "failed_clean":
-                out.bucket, out.detail = "lost", "stream ended without [DONE]"
+        resp = await client.post(f"{url}/v1/completions", json=body)
     except httpx.ConnectError as exc:
-        out.bucket, out.detail = "failed_clean", f"refused: {exc!r}"
+        out.bucket, out.detail = "failed_clean", f"refused: {exc!r}"  # never accepted
+        return
     except httpx.TransportError as exc:
-        if out.bucket != "failed_clean":
-            out.bucket = "lost" if accepted else "failed_clean"
-            out.detail = repr(exc)
+        out.bucket, out.detail = "lost", repr(exc)
+        return
+    out.status = resp.status_code
+    out.executors = resp.headers.get("x-quire-executor", "")
+    if resp.status_code == 200:
+        choices = resp.json().get("choices", [])
+        out.bucket = "completed" if choices else "lost"
+    else:
+        out.bucket, out.detail = classify_error(
+            resp.status_code, resp.headers.get("retry-after"), resp.text
+        )
 
 
-def classify_error(status: int, headers: httpx.Headers, text: str) -> tuple[str, str]:
+def classify_stream(record: StreamRecord, out: Outcome) -> None:
+    """A stream's bucket from what the client recorded."""
+    out.status, out.executors, out.ttft = record.status, record.executor, record.ttft
+    if record.timed_out:
+        out.bucket, out.detail = "hung", record.error
+    elif record.status == 0:  # no response: the request was never accepted
+        refused = isinstance(record.exception, httpx.ConnectError)
+        out.bucket = "failed_clean"
+        out.detail = f"refused: {record.exception!r}" if refused else record.error
+    elif record.status != 200:
+        out.bucket, out.detail = classify_error(record.status, record.retry_after, record.body)
+    elif record.error_event is not None:
+        out.bucket, out.detail = "failed_clean", record.error[:200]
+    elif record.closed_early:
+        out.bucket = "disconnected"
+    elif record.done:
+        out.bucket = "completed"
+    else:  # accepted, then the stream broke or ended without [DONE]
+        out.bucket, out.detail = "lost", record.error
+
+
+def classify_error(status: int, retry_after: str | None, text: str) -> tuple[str, str]:
     """An error status is clean with an OpenAI error object, or as a 429/503 with Retry-After.
 
     Anything else (a bare status, an HTML page) counts as lost.
     """
-    clear = has_error_object(text) or (status in (429, 503) and "retry-after" in headers)
+    clear = has_error_object(text) or (status in (429, 503) and retry_after is not None)
     return ("failed_clean" if clear else "lost"), f"{status}: {text[:200]}"
 
 

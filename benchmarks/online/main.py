@@ -40,8 +40,8 @@ def bench_system(
     """Warm up, then the burst, vLLM's client (Quire and vLLM only), and every rate."""
     t = time.perf_counter()
     for r in asyncio.run(gather_warmup(server, plan.warmup)):
-        if not r.success:
-            raise RuntimeError(f"{server.name} warmup request failed: {r.error}")
+        if not r.ok:
+            raise RuntimeError(f"{server.name} warmup request failed: {r.failure}")
     warmup_s = time.perf_counter() - t
     burst = None
     if plan.burst:

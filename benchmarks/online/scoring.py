@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from benchmarks.common.sse import StreamRecord
 from benchmarks.common.stats import finite_or_none, number_at, ratio, stats_ms
-from benchmarks.online.client import Result
 
 DEFINITIONS = {
     "ttft_ms": "request sent to its first non-empty text chunk",
@@ -40,7 +40,7 @@ def slo_load(run: dict[str, Any], slo_ttft_ms: float, slo_tpot_ms: float) -> flo
     return max(float(ttft) / slo_ttft_ms, float(tpot) / slo_tpot_ms)
 
 
-def cache_hit_rate(results: list[Result]) -> float | None:
+def cache_hit_rate(results: list[StreamRecord]) -> float | None:
     """Prompt tokens served from the prefix cache / prompt tokens (None if not reported)."""
     reported = [r for r in results if r.cached_tokens is not None]
     total = sum(r.prompt_tokens for r in reported)
@@ -50,18 +50,25 @@ def cache_hit_rate(results: list[Result]) -> float | None:
 
 
 def summarize(
-    results: list[Result], duration: float, rate: float, slo_ttft_ms: float, slo_tpot_ms: float
+    results: list[StreamRecord],
+    duration: float,
+    rate: float,
+    slo_ttft_ms: float,
+    slo_tpot_ms: float,
 ) -> dict[str, Any]:
     """One run's figures as `vllm bench serve` reports them, its goodput and SLO load."""
-    ok = [r for r in results if r.success]
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]  # every ok record has one
     tpots = [t for r in ok if (t := r.tpot) is not None]
     good = [
         r
         for r in ok
-        if r.ttft * 1000 <= slo_ttft_ms and (r.tpot is None or r.tpot * 1000 <= slo_tpot_ms)
+        if r.ttft is not None
+        and r.ttft * 1000 <= slo_ttft_ms
+        and (r.tpot is None or r.tpot * 1000 <= slo_tpot_ms)
     ]
     output_tokens = sum(r.output_tokens for r in ok)
-    errors = sorted({r.error for r in results if not r.success})
+    errors = sorted({r.failure for r in results if not r.ok})
     run = {
         "request_rate": None if math.isinf(rate) else rate,  # None: all at once
         "num_prompts": len(results),
@@ -75,10 +82,10 @@ def summarize(
         "request_throughput": len(ok) / duration,
         "output_throughput": output_tokens / duration,
         "goodput": len(good) / duration,
-        "ttft_ms": stats_ms([r.ttft for r in ok]),
+        "ttft_ms": stats_ms(ttfts),
         "tpot_ms": stats_ms(tpots),
         "itl_ms": stats_ms([g for r in ok for g in r.itl]),
-        "e2el_ms": stats_ms([r.e2e for r in ok]),
+        "e2el_ms": stats_ms([e2e for r in ok if (e2e := r.e2e) is not None]),
     }
     load = slo_load(run, slo_ttft_ms, slo_tpot_ms)
     run["slo_load"] = finite_or_none(load)

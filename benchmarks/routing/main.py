@@ -107,7 +107,7 @@ async def warm_up(url: str, model: str, vocab: int, n: int) -> None:
         for _ in range(2 * n)
     ]
     outcomes, _ = await client.run(url, model, reqs)
-    failed = [o.error for o in outcomes if not o.ok]
+    failed = [o.failure for o in outcomes if not o.ok]
     if failed:
         raise RuntimeError(f"warm-up failed: {failed[0]}")
 

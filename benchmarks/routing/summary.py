@@ -8,25 +8,25 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.routing.client import Outcome
+from benchmarks.common.sse import StreamRecord
 
 
 def _ms(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values) * 1000.0, q)) if values else None
 
 
-def summarize(outcomes: Sequence[Outcome], duration_s: float) -> dict[str, Any]:
+def summarize(outcomes: Sequence[StreamRecord], duration_s: float) -> dict[str, Any]:
     """TTFT p50/p99, TPOT p99, output throughput, hit rate and who served what."""
     ok = [o for o in outcomes if o.ok]
-    ttft = [o.ttft for o in ok]
+    ttft = [o.ttft for o in ok if o.ttft is not None]
     tpot = [t for o in ok if (t := o.tpot) is not None]
     prompt = sum(o.prompt_tokens for o in ok)
-    cached = sum(o.cached_tokens for o in ok)
+    cached = sum(o.cached_tokens or 0 for o in ok)
     output = sum(o.output_tokens for o in ok)
     return {
         "num_requests": len(outcomes),
         "num_failed": len(outcomes) - len(ok),
-        "errors": sorted({o.error for o in outcomes if not o.ok})[:5],
+        "errors": sorted({o.failure for o in outcomes if not o.ok})[:5],
         "duration_s": duration_s,
         "ttft_p50_ms": _ms(ttft, 50),
         "ttft_p99_ms": _ms(ttft, 99),

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.online.client import Result
+from benchmarks.common.sse import StreamRecord, Usage
 from benchmarks.online.scoring import (
     cache_hit_rate,
     compare,
@@ -77,19 +77,28 @@ def test_sustainable_rate_with_failed_requests_takes_the_failing_rate() -> None:
     assert s == {"rate": 2.0, "censored": False, "max_rate_under_slo": 1}
 
 
+def record(
+    ttft: float = 0.5, e2e: float = 2.5, usage: Usage | None = None, error: str = ""
+) -> StreamRecord:
+    """A finished 200 stream (with a text chunk at `ttft`) as the client records it."""
+    return StreamRecord(
+        start=0.0, status=200, ttft=ttft, end=e2e, usage=usage, num_text_chunks=1, error=error
+    )
+
+
 def test_prefix_cache_hit_rate_counts_only_what_the_server_reports() -> None:
-    hit = Result(success=True, prompt_tokens=100, cached_tokens=64)
-    miss = Result(success=True, prompt_tokens=50, cached_tokens=0)
-    silent = Result(success=True, prompt_tokens=70)
+    hit = record(usage=Usage(prompt_tokens=100, completion_tokens=1, cached_tokens=64))
+    miss = record(usage=Usage(prompt_tokens=50, completion_tokens=1, cached_tokens=0))
+    silent = record(usage=Usage(prompt_tokens=70, completion_tokens=1))
     assert cache_hit_rate([hit, miss, silent]) == pytest.approx(64 / 150)
     assert cache_hit_rate([silent]) is None
 
 
 def test_summarize_stores_slo_load() -> None:
-    ok = Result(success=True, ttft=0.5, e2e=2.5, output_tokens=11)  # TPOT 200 ms
+    ok = record(usage=Usage(prompt_tokens=4, completion_tokens=11))  # TPOT 200 ms
     summary = summarize([ok, ok], 3.0, 1.0, SLO_TTFT_MS, SLO_TPOT_MS)
     assert summary["slo_load"] == pytest.approx(2 / 3)
-    failed = Result(error="HTTP 503")
+    failed = StreamRecord(start=0.0, status=503, error="HTTP 503: busy")
     summary = summarize([ok, failed], 3.0, 1.0, SLO_TTFT_MS, SLO_TPOT_MS)
     assert summary["slo_load"] is None  # infinite; JSON has no infinity
 
