@@ -8,9 +8,10 @@ with context lengths drawn uniformly from [--min-context, --max-context] tokens,
 runs --steps decode steps: every sequence appends one token and commits what was computed,
 as the executor's scheduler does. The same steps run twice, on two fresh managers:
 
-- `full`: the pre-delta protocol (the request sets `full_tables`; the response carries the
-  whole block table of every running sequence, byte for byte what the protocol sent before),
-  and a commit for every sequence on every step, as the scheduler sent them before;
+- `full`: the pre-delta protocol, emulated by the managers of this benchmark
+  (`WholeTablesManager`: every sequence the step names gets its whole table as a new-table
+  update, the same bytes as the whole tables the protocol sent before), and a commit for
+  every sequence on every step, as the scheduler sent them before;
 - `delta`: table updates only (a sequence whose table did not change is not mentioned), and
   commits only when a sequence's computed tokens fill a new block (the scheduler now).
 
@@ -30,7 +31,6 @@ import multiprocessing
 import random
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,10 @@ from quire.block import (
     BlockTables,
     CommitRequest,
     StepAllocation,
+    StepAllocationResult,
+    TableUpdate,
 )
+from quire.block.tables import named_seq_ids
 from services.common.wire.memory_manager import (
     result_from_proto,
     result_to_proto,
@@ -59,12 +62,30 @@ MODES = ("full", "delta")
 EXECUTOR_ID = "bench-executor"
 
 
-def serve(port_queue: Any) -> None:
-    """Child process: a memory manager (no Redis) on a free local port, until killed."""
+class WholeTablesManager(BlockManager):
+    """A BlockManager answering in the pre-delta form: the whole table of every sequence
+    the step names (a new-table update each), whether it changed or not."""
+
+    def step(self, request: StepAllocation) -> StepAllocationResult:
+        result = super().step(request)
+        result.table_updates = {
+            seq_id: TableUpdate(0, tuple(self.block_table(seq_id)))
+            for seq_id in named_seq_ids(request, result)
+        }
+        return result
+
+
+def serve(port_queue: Any, full: bool = False) -> None:
+    """Child process: a memory manager (no Redis) on a free local port, until killed;
+    `full`: its pools are `WholeTablesManager`s."""
     import asyncio
 
+    from services.memory_manager import pools
     from services.memory_manager.server import MemoryManagerServer
     from services.memory_manager.settings import Settings
+
+    if full:
+        pools.BlockManager = WholeTablesManager  # type: ignore[misc]
 
     async def main() -> None:
         server = MemoryManagerServer(Settings(port=0, redis_url=""))
@@ -151,8 +172,9 @@ class InProcess:
 
     PARTS = ("client_encode", "server", "allocator_step", "client_decode_apply")
 
-    def __init__(self, workload: Workload) -> None:
-        self.manager = BlockManager(workload.num_blocks, workload.block_size)
+    def __init__(self, workload: Workload, full: bool) -> None:
+        manager = WholeTablesManager if full else BlockManager
+        self.manager = manager(workload.num_blocks, workload.block_size)
         self.tables = BlockTables(workload.block_size)
 
     def step(self, request: StepAllocation) -> tuple[float, float, float, float]:
@@ -178,20 +200,22 @@ def measure(num_seqs: int, mode: str, args: argparse.Namespace) -> dict[str, Any
     workload = Workload(num_seqs, args)
     full = mode == "full"
     ports: Any = multiprocessing.get_context("spawn").Queue()
-    server = multiprocessing.get_context("spawn").Process(target=serve, args=(ports,), daemon=True)
+    server = multiprocessing.get_context("spawn").Process(
+        target=serve, args=(ports, full), daemon=True
+    )
     server.start()
     try:
         client = Client(f"127.0.0.1:{ports.get(timeout=60)}", workload)
-        split = InProcess(workload)
+        split = InProcess(workload, full)
         for admit in workload.admits(chunk=16):
-            client.step(replace(admit, full_tables=full))
-            split.step(replace(admit, full_tables=full))
+            client.step(admit)
+            split.step(admit)
         sizes_in: list[int] = []
         sizes_out: list[int] = []
         rpc_s: list[float] = []
         split_s: list[tuple[float, float, float, float]] = []
         for _ in range(args.warmup + args.steps):
-            request = replace(workload.decode_step(commit_every_step=full), full_tables=full)
+            request = workload.decode_step(commit_every_step=full)
             num_in, num_out, elapsed = client.step(request)
             parts = split.step(request)
             sizes_in.append(num_in)

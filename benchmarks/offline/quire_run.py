@@ -4,14 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from time import perf_counter
+from typing import Any
 
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 from benchmarks.common.workload import random_token_ids
 from benchmarks.offline.workloads import Workload
 from quire import LLM, SamplingParams
 from quire.engine.llm_engine import LLMEngine, StepResult
+from quire.model.config import ModelConfig
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,34 @@ class _StepRecorder:
         self.overhead_s += perf_counter() - start
 
 
+class ZeroLogitsModel:
+    """Stands in for the model: no forward pass, zero logits for every row asked.
+
+    With it the engine does everything else (scheduling, the allocator, inputs and block
+    copies, sampling, updates), so a run measures the engine's own overhead.
+    """
+
+    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+        self.config = config
+        self.device = device
+
+    def forward(self, input_ids: torch.Tensor, *_: Any) -> torch.Tensor:
+        return torch.zeros(input_ids.numel(), 1, device=self.device)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(hidden.shape[0], self.config.vocab_size, device=self.device)
+
+
 def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = False) -> QuireRun:
-    """Queue every request, step until all are done, sample each step."""
+    """Queue every request, step until all are done, sample each step.
+
+    `stub_forward`: the model is a `ZeroLogitsModel` for the run (the engine's overhead)."""
     engine = llm.engine
     steps_before = engine.num_steps
     preemptions_before = engine.scheduler.num_preemptions
-    engine.runner.skip_forward = stub_forward
+    model = engine.runner.model
+    if stub_forward:
+        engine.runner.model = ZeroLogitsModel(model.config, engine.device)  # type: ignore[assignment]
     expected: dict[str, int] = {}
     reservations: dict[str, int] = {}
     token_ids: dict[str, list[int]] = {}
@@ -132,7 +157,7 @@ def run_quire(llm: LLM, workload: Workload, label: str, stub_forward: bool = Fal
                 last = perf_counter()  # the next step's time starts here
             wall_s = perf_counter() - start - recorder.overhead_s
     finally:
-        engine.runner.skip_forward = False
+        engine.runner.model = model
     return QuireRun(
         wall_s=wall_s,
         num_output_tokens=workload.num_output_tokens,

@@ -94,9 +94,6 @@ class StepAllocation:
     admits: tuple[AdmitRequest, ...] = ()
     # Also return `table_checksums` for every sequence the step names (drift check).
     verify_tables: bool = False
-    # Also return `block_tables`, the full table of every sequence the step names (the
-    # pre-delta protocol; kept for comparison benchmarks and debugging).
-    full_tables: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,8 +130,6 @@ class StepAllocationResult:
     # With `verify_tables`: seq_id -> quire.block.tables.table_checksum of its full
     # table, for every sequence the step names (fork children, appends, admits).
     table_checksums: dict[str, int] = field(default_factory=dict)
-    # With `full_tables`: seq_id -> full table, for the same sequences.
-    block_tables: dict[str, list[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -183,7 +183,7 @@ class BlockManager:
     def _record_tables(
         self, request: StepAllocation, result: StepAllocationResult, touched: Touched
     ) -> None:
-        """The step's table updates (and, if asked, checksums and full tables)."""
+        """The step's table updates (and, if asked, the checksums of the named tables)."""
         for seq_id, before in touched.items():
             seq = self._seqs.get(seq_id)
             if seq is None:
@@ -197,13 +197,9 @@ class BlockManager:
             start = old_len if table[old_len - 1] == old_last else old_len - 1
             if start < len(table):
                 result.table_updates[seq_id] = TableUpdate(start, tuple(table[start:]))
-        if request.verify_tables or request.full_tables:
+        if request.verify_tables:
             for seq_id in named_seq_ids(request, result):
-                table = self._seqs[seq_id].block_table
-                if request.verify_tables:
-                    result.table_checksums[seq_id] = table_checksum(table)
-                if request.full_tables:
-                    result.block_tables[seq_id] = list(table)
+                result.table_checksums[seq_id] = table_checksum(self._seqs[seq_id].block_table)
 
     def _release_seq(self, seq_id: str) -> None:
         self.pool.release_tail_first(self._seqs.pop(seq_id).block_table)

@@ -76,8 +76,6 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
-        # Zero logits instead of the forward pass: measures the engine's own overhead.
-        self.skip_forward = False
         # Grammar masks for structured outputs; None until the engine serves a constrained
         # request (then every step asks it, and it does nothing without constrained rows).
         self.structured: StructuredOutputs | None = None
@@ -117,15 +115,6 @@ class ModelRunner:
         """Logits `[num_sampling_seqs, vocab]` float32, rows in `step.scheduled` order, and
         the prompt logprobs of the chunks that need them."""
         vocab = self.model.config.vocab_size
-        if self.skip_forward:
-            num_rows = sum(s.samples for s in step.scheduled)
-            skip_spans = [span for s in step.scheduled if (span := prompt_span(s, 0)) is not None]
-
-            def zeros(rows: torch.Tensor) -> torch.Tensor:
-                return torch.zeros(rows.numel(), vocab, device=self.device)
-
-            prompt = _prompt_logprobs(skip_spans, zeros, self.device)
-            return torch.zeros(num_rows, vocab, device=self.device), prompt
         if step.copies:
             mapping = torch.tensor(step.copies, dtype=torch.int64, device=self.device)
             kernels.copy_blocks(

@@ -44,7 +44,6 @@ def step_to_proto(executor_id: str, epoch: int, step: StepAllocation) -> pb.Step
             for a in step.admits
         ],
         verify_tables=step.verify_tables,
-        full_tables=step.full_tables,
     )
 
 
@@ -60,50 +59,31 @@ def step_from_proto(request: pb.StepRequest) -> StepAllocation:
             for a in request.admits
         ),
         verify_tables=request.verify_tables,
-        full_tables=request.full_tables,
     )
 
 
 def result_to_proto(result: StepAllocationResult) -> pb.StepResponse:
-    """The Step response for an allocator result.
-
-    A result with full tables (the request asked `full_tables`) is sent in the
-    pre-delta form: block_tables only, no table_updates (the receiver derives them).
-    """
-    updates = {} if result.block_tables else result.table_updates
+    """The Step response for an allocator result."""
     return pb.StepResponse(
-        block_tables={
-            seq_id: pb.BlockTable(block_ids=table) for seq_id, table in result.block_tables.items()
-        },
         num_cached_tokens=result.num_cached_tokens,
         copies=[pb.BlockCopy(src=src, dst=dst) for src, dst in result.copies],
         preempted=result.preempted,
         not_admitted=result.not_admitted,
         table_updates={
             seq_id: pb.TableUpdate(start=update.start, block_ids=update.block_ids)
-            for seq_id, update in updates.items()
+            for seq_id, update in result.table_updates.items()
         },
         table_checksums=result.table_checksums,
     )
 
 
 def result_from_proto(response: pb.StepResponse) -> StepAllocationResult:
-    """The allocator result a Step response carries.
-
-    From a pre-delta response (full block_tables), each full table becomes a new-table
-    update (start 0), so the receiver applies both forms the same way.
-    """
-    block_tables = {
-        seq_id: list(table.block_ids) for seq_id, table in response.block_tables.items()
-    }
+    """The allocator result a Step response carries."""
     updates = {
         seq_id: TableUpdate(update.start, tuple(update.block_ids))
         for seq_id, update in response.table_updates.items()
     }
-    for seq_id, table in block_tables.items():
-        updates.setdefault(seq_id, TableUpdate(0, tuple(table)))
     return StepAllocationResult(
-        block_tables=block_tables,
         num_cached_tokens=dict(response.num_cached_tokens),
         copies=[(copy.src, copy.dst) for copy in response.copies],
         preempted=list(response.preempted),
