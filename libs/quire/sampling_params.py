@@ -22,6 +22,14 @@ FLOAT_FIELDS = (
 )
 
 
+class ParamError(ValueError):
+    """An invalid sampling parameter; `param` names the field (the API's 400 names it too)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling settings (vLLM's names and defaults). Validated on construction.
@@ -58,66 +66,80 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.n, int) or not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
+            raise ParamError("n", f"n must be an integer in [1, {MAX_N}], got {self.n!r}")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise ParamError("temperature", f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 or None disables it), got {self.top_k}")
+            raise ParamError(
+                "top_k", f"top_k must be >= 0 (0 or None disables it), got {self.top_k}"
+            )
         if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise ParamError("min_p", f"min_p must be in [0, 1], got {self.min_p}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+            raise ParamError(
+                "max_tokens", f"max_tokens must be an integer >= 1, got {self.max_tokens!r}"
+            )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+            raise ParamError(
+                "logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}"
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2 <= getattr(self, name) <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise ParamError(name, f"{name} must be in [-2, 2], got {getattr(self, name)}")
         if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise ParamError(
+                "repetition_penalty",
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+            )
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop accepts at most {MAX_STOP_STRINGS} strings")
+            raise ParamError("stop", f"stop accepts at most {MAX_STOP_STRINGS} strings")
         if any(not isinstance(s, str) or not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty strings")
+            raise ParamError("stop", "stop strings must be non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids must be non-negative integers")
+            raise ParamError("stop_token_ids", "stop_token_ids must be non-negative integers")
         if self.prompt_logprobs is not None and not (
             isinstance(self.prompt_logprobs, int) and 0 <= self.prompt_logprobs <= MAX_LOGPROBS
         ):
-            raise ValueError(
+            raise ParamError(
+                "prompt_logprobs",
                 f"prompt_logprobs must be an integer in [0, {MAX_LOGPROBS}], "
-                f"got {self.prompt_logprobs!r}"
+                f"got {self.prompt_logprobs!r}",
             )
         if self.structured is not None and not isinstance(self.structured, StructuredOutputParams):
-            raise ValueError("structured must be a StructuredOutputParams")
+            raise ParamError("structured", "structured must be a StructuredOutputParams")
         self._check_logit_bias()
 
     def _check_logit_bias(self) -> None:
         if self.logit_bias is None:
             return
         if not isinstance(self.logit_bias, dict):
-            raise ValueError("logit_bias must be a mapping of token id to bias")
+            raise ParamError("logit_bias", "logit_bias must be a mapping of token id to bias")
         for token_id, bias in self.logit_bias.items():
             if isinstance(token_id, bool) or not isinstance(token_id, int) or token_id < 0:
-                raise ValueError(f"logit_bias keys must be token ids >= 0, got {token_id!r}")
+                raise ParamError(
+                    "logit_bias", f"logit_bias keys must be token ids >= 0, got {token_id!r}"
+                )
             if (
                 isinstance(bias, bool)
                 or not isinstance(bias, int | float)
                 or not math.isfinite(bias)
                 or abs(bias) > MAX_LOGIT_BIAS
             ):
-                raise ValueError(
+                raise ParamError(
+                    "logit_bias",
                     f"logit_bias values must be numbers in [-{MAX_LOGIT_BIAS:g}, "
-                    f"{MAX_LOGIT_BIAS:g}], got {bias!r} for token {token_id}"
+                    f"{MAX_LOGIT_BIAS:g}], got {bias!r} for token {token_id}",
                 )
 
     def check_vocab(self, vocab_size: int) -> None:
-        """ValueError naming the field if a token id in the params is outside the vocab."""
+        """ParamError naming the field if a token id in the params is outside the vocab."""
         for token_id in self.logit_bias or {}:
             if token_id >= vocab_size:
-                raise ValueError(
-                    f"logit_bias token id {token_id} is outside the vocabulary (size {vocab_size})"
+                raise ParamError(
+                    "logit_bias",
+                    f"logit_bias token id {token_id} is outside the vocabulary (size {vocab_size})",
                 )
 
     @property

@@ -15,7 +15,7 @@ from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from quire.sampling_params import SamplingParams
+from quire.sampling_params import ParamError, SamplingParams
 from services.router.admission.rate_limits import charge_request, requested_tokens
 from services.router.errors import bad_request
 from services.router.generation import ChoiceUpdate, Generation, Usage, start_generation
@@ -65,11 +65,11 @@ def build_params(
         params = body.sampling_params(max_tokens, logprobs, prompt_logprobs, n)
         params.check_vocab(vocab_size)
         return params
+    except ParamError as exc:
+        param = exc.param if exc.param in type(body).model_fields else None
+        raise bad_request(str(exc), param) from exc
     except ValueError as exc:
-        message = str(exc)
-        first = message.split(" ", 1)[0]
-        param = first if first in type(body).model_fields else None
-        raise bad_request(message, param) from exc
+        raise bad_request(str(exc)) from exc
 
 
 def usage_info(usage: Usage) -> UsageInfo:
