@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from quire.config import engine_default
+
 
 class RouterSettings(BaseSettings):
     """Everything the router can be told; each field is also a `--kebab-case` flag."""
@@ -40,7 +42,7 @@ class RouterSettings(BaseSettings):
     redis_prefix: str = Field(default="quire", description="prefix of every Redis key")
     redis_timeout_s: float = Field(default=0.25, gt=0, description="Redis socket timeout per call")
     block_size: int = Field(
-        default=16,
+        default=engine_default("block_size"),
         ge=1,
         description="KV block size to hash prompts with when no executor record announces its "
         "own (records from older executors, static --executors, Redis down)",
