@@ -5,7 +5,7 @@ executor count so each executor gets the load it gets in the 2-executor run (con
 rates times executors / 2; tenants: max(4, executors / 2) system prompts), through the real
 policy classes (quire.cluster.policies) onto the executor model of benchmarks.routing_sim.model,
 with service rates measured on this machine's engine (calibrate.py). Writes
-bench/results/routing-sim.json and routing-sim.png.
+bench/results/routing-sim.json and routing-sim-<N>.png per cluster size.
 """
 
 from __future__ import annotations
