@@ -3,8 +3,9 @@ reference.
 
     python -m benchmarks.decode_attention [--device cuda|cpu] [--dtype DTYPE] [--output PATH]
 
-Backends: "triton" (CUDA only), "cpp" (the C++ CPU kernels, Quire's CPU path once built by
-`make kernels-cpu`) and "torch" (the reference, gathering copies of K/V) read the paged cache;
+Backends: the kernel quire.kernels.backends picks for the device, "triton" (CUDA) or "cpp" (the
+C++ CPU kernels, once built by `make kernels-cpu`), and "torch" (the reference, gathering copies
+of K/V) read the paged cache;
 "sdpa_dense" is the baseline: torch's scaled_dot_product_attention over the same keys and
 values laid out contiguously, i.e. what paging has to compete with.
 
@@ -33,7 +34,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import cpp_attention, reference
+from quire.kernels import backends as kernel_backends
+from quire.kernels import reference
 
 RESULTS_PATH = Path("bench/results/decode_attention.json")
 # On the CPU the inputs are copied until the copies hold this many bytes of K/V, more than a
@@ -151,17 +153,15 @@ def _num_cpu_copies(config: BenchConfig, batch_size: int, context_len: int) -> i
 
 
 def _backends(
-    device: str, inputs: tuple[torch.Tensor, ...], scale: float
+    inputs: tuple[torch.Tensor, ...], scale: float
 ) -> dict[str, Callable[[], torch.Tensor]]:
     # Each backend as a no-argument call on this point's inputs, returning [batch, heads, dim].
     query, key_cache, value_cache, block_tables, context_lens = inputs
     backends: dict[str, Callable[[], torch.Tensor]] = {}
-    if device == "cuda":
-        from quire.kernels import triton_attention
-
-        backends["triton"] = lambda: triton_attention.paged_decode_attention(*inputs, scale)
-    elif cpp_attention.is_available():
-        backends["cpp"] = lambda: cpp_attention.paged_decode_attention(*inputs, scale)
+    fast = kernel_backends.family_backend(kernel_backends.PAGED_ATTENTION, query.device)
+    if fast != "torch":
+        kernel = kernel_backends.paged_attention(query.device)
+        backends[fast] = lambda: kernel.paged_decode_attention(*inputs, scale)
     backends["torch"] = lambda: reference.paged_decode_attention(*inputs, scale)
 
     # Baseline: the same attention over contiguous K/V, [batch, kv_heads, context, dim], which
@@ -193,7 +193,7 @@ def run(config: BenchConfig, device: str, copy_bandwidth: float | None = None) -
                 query, key_cache, value_cache, *tables = inputs
                 for _ in range(_num_cpu_copies(config, batch_size, context_len) - 1):
                     copies.append((query, key_cache.clone(), value_cache.clone(), *tables))
-            backends = [_backends(device, copy, scale) for copy in copies]
+            backends = [_backends(copy, scale) for copy in copies]
             for backend, fn in backends[0].items():
                 diff = (fn().float() - expected).abs().max().item()
                 elapsed_ms = time_ms([each[backend] for each in backends])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import cpp_attention, fused, linear, reference
+from quire.kernels import cpp_attention, packed_linear, reference, reference_fused
 from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
 
 DTYPES = (torch.float32, torch.bfloat16)
@@ -128,21 +128,21 @@ def _fused_cases(dtype: torch.dtype) -> list[OpCase]:
             "rms_norm",
             dtype,
             lambda: ops.rms_norm(x, weight, NORM_EPS),
-            lambda: fused.rms_norm_reference(x, weight, NORM_EPS),
+            lambda: reference_fused.rms_norm(x, weight, NORM_EPS),
         ),
         OpCase(
             f"add_rms_norm-{dtype}",
             "add_rms_norm_",
             dtype,
             lambda: add_norm(ops.add_rms_norm_),
-            lambda: add_norm(fused.add_rms_norm_reference_),
+            lambda: add_norm(reference_fused.add_rms_norm_),
         ),
         OpCase(
             f"rotary_embedding-{dtype}",
             "rotary_embedding_",
             dtype,
             lambda: rotate(ops.rotary_embedding_),
-            lambda: rotate(fused.rotary_embedding_reference_),
+            lambda: rotate(reference_fused.rotary_embedding_),
         ),
     ]
 
@@ -157,7 +157,9 @@ def _linear_case(dtype: torch.dtype) -> OpCase:
         f"packed_linear-{dtype}",
         "packed_linear",
         dtype,
-        lambda: linear.packed_linear(x, linear.pack_weight(weight), bias, out_features),
+        lambda: packed_linear.packed_linear(
+            x, packed_linear.pack_weight(weight), bias, out_features
+        ),
         lambda: F.linear(x.float(), weight.float(), bias.float()).to(dtype),
     )
 
@@ -193,7 +195,7 @@ def main(out_path: str) -> None:
     outputs = {}
     for case in op_cases():
         # packed linears exist only in builds with AVX-512 (packed_linear_supported says)
-        if case.op == "packed_linear" and not linear.is_supported(case.dtype):
+        if case.op == "packed_linear" and not packed_linear.cpu_supports(case.dtype):
             continue
         outputs[case.name] = case.cpp().contiguous()
     supported = [

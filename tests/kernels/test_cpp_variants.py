@@ -37,7 +37,7 @@ LINEAR_TOLERANCES = {
     torch.float32: {"atol": 1e-4, "rtol": 1e-5},
     torch.bfloat16: {"atol": 1e-2, "rtol": 1.6e-2},
 }
-# Copies, and rotations rounded exactly as torch rounds them (fused.py).
+# Copies, and rotations rounded exactly as torch rounds them (reference_fused.py).
 EXACT_OPS = {"write_kv_cache_", "rotary_embedding_"}
 
 VariantOutputs = tuple[dict[str, torch.Tensor], dict[str, str]]

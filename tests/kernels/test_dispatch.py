@@ -1,4 +1,5 @@
-"""quire.kernels picks Triton, C++ or torch per call, and importing it never pulls in triton."""
+"""quire.kernels asks quire.kernels.backends, per call, for Triton, C++ or torch; importing it
+never pulls in triton."""
 
 from __future__ import annotations
 
@@ -12,7 +13,17 @@ import pytest
 import torch
 
 import quire.kernels as kernels
-from quire.kernels import cpp_attention, cpp_build, reference, triton_attention, triton_cache
+from quire.kernels import (
+    backends,
+    cpp_attention,
+    cpp_build,
+    cpp_fused,
+    packed_linear,
+    reference,
+    reference_fused,
+    triton_attention,
+    triton_cache,
+)
 from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
 
 # What "auto" picks on CPU tensors here: the C++ kernels once `make kernels-cpu` built them.
@@ -40,33 +51,58 @@ def test_backend_choice(
     monkeypatch: pytest.MonkeyPatch, env_value: str | None, device_type: str, backend: str
 ) -> None:
     if env_value is None:
-        monkeypatch.delenv(kernels.BACKEND_ENV_VAR, raising=False)
+        monkeypatch.delenv(backends.BACKEND_ENV_VAR, raising=False)
     else:
-        monkeypatch.setenv(kernels.BACKEND_ENV_VAR, env_value)
-    assert kernels.kernel_backend(torch.device(device_type)) == backend
+        monkeypatch.setenv(backends.BACKEND_ENV_VAR, env_value)
+    assert backends.kernel_backend(torch.device(device_type)) == backend
 
 
 def test_unknown_backend_raises(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(kernels.BACKEND_ENV_VAR, "cuda")
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, "cuda")
     with pytest.raises(ValueError, match="QUIRE_KERNEL_BACKEND"):
-        kernels.kernel_backend(torch.device("cpu"))
+        backends.kernel_backend(torch.device("cpu"))
+
+
+# What each family runs on under each backend: a family the backend lacks runs on torch.
+FAMILY_MODULES = {
+    "torch": (reference, reference, reference, reference_fused),
+    "cpp": (cpp_attention, cpp_attention, reference, cpp_fused),
+    "triton": (triton_attention, triton_cache, triton_cache, reference_fused),
+}
+
+
+@pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
+def test_each_family_runs_on_the_backend_or_the_torch_reference(
+    monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, backend)
+    cpu = torch.device("cpu")
+    chosen = (
+        backends.paged_attention(cpu),
+        backends.kv_cache_write(cpu),
+        backends.block_copy(cpu),
+        backends.fused_norm_rotary(cpu),
+    )
+    assert chosen == FAMILY_MODULES[backend]
 
 
 @pytest.mark.parametrize("backend", ["torch", "cpp", "triton"])
 def test_public_functions_route_to_backend(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
-    monkeypatch.setenv(kernels.BACKEND_ENV_VAR, backend)
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, backend)
     called: list[str] = []
-    modules = {
-        reference: "torch",
-        cpp_attention: "cpp",
-        triton_attention: "triton",
-        triton_cache: "triton",
-    }
-    names = ("write_kv_cache", "paged_decode_attention", "paged_prefill_attention", "copy_blocks")
-    for module, module_backend in modules.items():
+    names = (
+        "write_kv_cache",
+        "paged_decode_attention",
+        "paged_prefill_attention",
+        "copy_blocks",
+        "rms_norm",
+        "add_rms_norm_",
+        "rotary_embedding_",
+    )
+    for module in (*FAMILY_MODULES["torch"], *FAMILY_MODULES["cpp"], *FAMILY_MODULES["triton"]):
         for name in names:
             if hasattr(module, name):
-                tag = f"{module_backend}.{name}"
+                tag = f"{module.__name__.rpartition('.')[2]}.{name}"
                 monkeypatch.setattr(module, name, lambda *args, tag=tag: called.append(tag))
     tensor = torch.zeros(1)
 
@@ -74,33 +110,49 @@ def test_public_functions_route_to_backend(monkeypatch: pytest.MonkeyPatch, back
     kernels.paged_decode_attention(tensor, tensor, tensor, tensor, tensor, 1.0)
     kernels.paged_prefill_attention(tensor, tensor, tensor, tensor, tensor, tensor, 1.0)
     kernels.copy_blocks([tensor], [tensor], tensor)
+    kernels.rms_norm(tensor, tensor, 1e-6)
+    kernels.add_rms_norm_(tensor, tensor, tensor, 1e-6)
+    kernels.rotary_embedding_(tensor, tensor, tensor, tensor, tensor)
 
-    # The C++ backend covers attention and cache writes; block copies stay in torch.
-    copy_backend = "torch" if backend == "cpp" else backend
+    attention, cache, copy, fused = (m.__name__.rpartition(".")[2] for m in FAMILY_MODULES[backend])
     assert called == [
-        f"{backend}.write_kv_cache",
-        f"{backend}.paged_decode_attention",
-        f"{backend}.paged_prefill_attention",
-        f"{copy_backend}.copy_blocks",
+        f"{cache}.write_kv_cache",
+        f"{attention}.paged_decode_attention",
+        f"{attention}.paged_prefill_attention",
+        f"{copy}.copy_blocks",
+        f"{fused}.rms_norm",
+        f"{fused}.add_rms_norm_",
+        f"{fused}.rotary_embedding_",
     ]
+
+
+def test_packed_linears_run_only_under_the_cpp_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    for backend in ("torch", "triton"):
+        monkeypatch.setenv(backends.BACKEND_ENV_VAR, backend)
+        assert backends.packed_linear(torch.float32) is None
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, "cpp")
+    expected = packed_linear if packed_linear.cpu_supports(torch.float32) else None
+    assert backends.packed_linear(torch.float32) is expected
+    assert backends.packed_linear(torch.float16) is None  # no such kernel
 
 
 @pytest.mark.parametrize(("backend", "needs_plan"), [("torch", True), ("cpp", False)])
 def test_only_the_torch_reference_plans_decode(
     monkeypatch: pytest.MonkeyPatch, backend: str, needs_plan: bool
 ) -> None:
-    monkeypatch.setenv(kernels.BACKEND_ENV_VAR, backend)
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, backend)
     batch = make_paged_batch([3, 17], 2, 64)
     plan = kernels.plan_decode(batch.block_tables, batch.context_lens, batch.key_cache)
     assert (plan is not None) == needs_plan
 
 
 def test_auto_uses_torch_when_cpp_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(kernels.BACKEND_ENV_VAR, raising=False)
+    monkeypatch.delenv(backends.BACKEND_ENV_VAR, raising=False)
     monkeypatch.setattr(cpp_attention, "unavailable_reason", lambda: "not built")
-    assert kernels.kernel_backend(torch.device("cpu")) == "torch"
+    assert backends.kernel_backend(torch.device("cpu")) == "torch"
+    assert backends.fused_norm_rotary(torch.device("cpu")) is reference_fused
 
-    monkeypatch.setenv(kernels.BACKEND_ENV_VAR, "cpp")
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, "cpp")
     batch = make_paged_batch([3], 2, 64)
     query = random_queries(1, 4, 64)
     with pytest.raises(RuntimeError, match="not built"):

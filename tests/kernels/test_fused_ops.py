@@ -1,4 +1,4 @@
-"""The C++ fused RMSNorm and rotary kernels against their torch references (fused.py).
+"""The C++ fused RMSNorm and rotary kernels against their torch references (reference_fused.py).
 
 Rotary embeddings must agree bit for bit in every dtype (the kernel rounds each product and
 sum as torch does); RMSNorm may differ only by the order of its float32 sum of squares.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quire.kernels import cpp_attention, fused
+from quire.kernels import cpp_attention, reference_fused
 from quire.model.config import RopeConfig
 from quire.model.rope import RotaryEmbedding
 
@@ -41,7 +41,7 @@ def test_rms_norm_matches_reference(dtype: torch.dtype, num_tokens: int, hidden:
     x, _, w = _inputs(num_tokens, hidden, dtype, seed=0)
     weight = w[0].contiguous()
     got = torch.ops.quire_cpu.rms_norm(x, weight, 1e-5)
-    want = fused.rms_norm_reference(x, weight, 1e-5)
+    want = reference_fused.rms_norm(x, weight, 1e-5)
     assert got.dtype == dtype
     torch.testing.assert_close(got, want, **NORM_TOLERANCES[dtype])
 
@@ -52,7 +52,7 @@ def test_add_rms_norm_updates_both_in_place(dtype: torch.dtype, num_tokens: int)
     x, residual, w = _inputs(num_tokens, 576, dtype, seed=1)
     weight = w[0].contiguous()
     want_x, want_residual = x.clone(), residual.clone()
-    fused.add_rms_norm_reference_(want_x, want_residual, weight, 1e-6)
+    reference_fused.add_rms_norm_(want_x, want_residual, weight, 1e-6)
     torch.ops.quire_cpu.add_rms_norm_(x, residual, weight, 1e-6)
     # the residual add is one rounding in the dtype, exactly torch's
     assert torch.equal(residual, want_residual)
@@ -71,7 +71,7 @@ def test_bfloat16_rounds_ties_to_even_and_keeps_inf_and_nan_as_torch_does() -> N
     x = torch.full((4, hidden), 2.0**-8, dtype=torch.bfloat16)  # half a step at 1.0
     weight = torch.linspace(0.5, 1.5, hidden).to(torch.bfloat16)
     want_x, want_residual = x.clone(), residual.clone()
-    fused.add_rms_norm_reference_(want_x, want_residual, weight, 1e-5)
+    reference_fused.add_rms_norm_(want_x, want_residual, weight, 1e-5)
     assert want_residual[0, 0].item() == 1.0 and want_residual[1, 0].item() == 1.015625
     torch.ops.quire_cpu.add_rms_norm_(x, residual, weight, 1e-5)
     torch.testing.assert_close(residual, want_residual, rtol=0, atol=0, equal_nan=True)
@@ -86,7 +86,7 @@ def test_norms_read_strided_rows() -> None:
     x = base[:, :64]  # row stride 128
     weight = torch.rand(64)
     torch.testing.assert_close(
-        torch.ops.quire_cpu.rms_norm(x, weight, 1e-5), fused.rms_norm_reference(x, weight, 1e-5)
+        torch.ops.quire_cpu.rms_norm(x, weight, 1e-5), reference_fused.rms_norm(x, weight, 1e-5)
     )
 
 
@@ -108,7 +108,7 @@ def test_rotary_is_bit_identical_on_views_of_fused_qkv(
         return q.view(-1, num_heads, head_dim), k.view(-1, num_kv_heads, head_dim)
 
     want = qkv.clone()
-    fused.rotary_embedding_reference_(positions, *views(want), rope.cos, rope.sin)
+    reference_fused.rotary_embedding_(positions, *views(want), rope.cos, rope.sin)
     got = qkv.clone()
     torch.ops.quire_cpu.rotary_embedding_(positions, *views(got), rope.cos, rope.sin)
     assert torch.equal(got, want)  # values included: rotary leaves them alone

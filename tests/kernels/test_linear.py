@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quire.kernels import linear
+from quire.kernels import packed_linear
 
 DTYPES = [
     pytest.param(
         dtype,
         marks=pytest.mark.skipif(
-            not linear.is_supported(dtype), reason=f"packed linears do not run here in {dtype}"
+            not packed_linear.cpu_supports(dtype),
+            reason=f"packed linears do not run here in {dtype}",
         ),
     )
     for dtype in (torch.float32, torch.bfloat16)
@@ -49,24 +50,24 @@ def test_matches_the_float64_product(
     gen = torch.Generator().manual_seed(rows * 1000 + out_features)
     weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
     bias = torch.randn(out_features, generator=gen).to(dtype) if with_bias else None
-    packed = linear.pack_weight(weight)
-    num_tiles = -(-out_features // linear.TILE_COLS)
+    packed = packed_linear.pack_weight(weight)
+    num_tiles = -(-out_features // packed_linear.TILE_COLS)
     assert packed.shape[0] == num_tiles and packed.is_contiguous()
     wide = torch.randn(rows, 2 * in_features, generator=gen).to(dtype)
     for x in (wide[:, :in_features].contiguous(), wide[:, :in_features]):  # and a strided view
-        out = linear.packed_linear(x, packed, bias, out_features)
+        out = packed_linear.packed_linear(x, packed, bias, out_features)
         assert out.dtype == dtype and out.shape == (rows, out_features)
         assert _within_rounding(out, x, weight, bias)
     assert torch.equal(
-        linear.packed_linear(wide[:, :in_features], packed, bias, out_features),
-        linear.packed_linear(wide[:, :in_features].contiguous(), packed, bias, out_features),
+        packed_linear.packed_linear(wide[:, :in_features], packed, bias, out_features),
+        packed_linear.packed_linear(wide[:, :in_features].contiguous(), packed, bias, out_features),
     )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_packing_pads_columns_with_zeros(dtype: torch.dtype) -> None:
     weight = torch.arange(1, 17 * 4 + 1, dtype=torch.float32).view(17, 4).to(dtype)
-    packed = linear.pack_weight(weight)
+    packed = packed_linear.pack_weight(weight)
     if dtype == torch.bfloat16:
         # [tile, k / 2, 64 columns x 2 (k, k + 1)]
         assert packed.shape == (1, 2, 128)
@@ -83,13 +84,13 @@ def test_result_does_not_depend_on_the_thread_count(dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(960, 576, generator=gen).to(dtype)
     x = torch.randn(7, 576, generator=gen).to(dtype)
-    packed = linear.pack_weight(weight)
+    packed = packed_linear.pack_weight(weight)
     num_threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        serial = linear.packed_linear(x, packed, None, 960)
+        serial = packed_linear.packed_linear(x, packed, None, 960)
         torch.set_num_threads(max(2, num_threads))
-        parallel = linear.packed_linear(x, packed, None, 960)
+        parallel = packed_linear.packed_linear(x, packed, None, 960)
     finally:
         torch.set_num_threads(num_threads)
     assert torch.equal(serial, parallel)
@@ -97,26 +98,28 @@ def test_result_does_not_depend_on_the_thread_count(dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_no_rows_give_an_empty_output(dtype: torch.dtype) -> None:
-    packed = linear.pack_weight(torch.ones(70, 8, dtype=dtype))
-    out = linear.packed_linear(torch.ones(0, 8, dtype=dtype), packed, None, 70)
+    packed = packed_linear.pack_weight(torch.ones(70, 8, dtype=dtype))
+    out = packed_linear.packed_linear(torch.ones(0, 8, dtype=dtype), packed, None, 70)
     assert out.shape == (0, 70) and out.dtype == dtype
 
 
-@pytest.mark.skipif(not linear.is_supported(torch.float32), reason="packed linears do not run here")
+@pytest.mark.skipif(
+    not packed_linear.cpu_supports(torch.float32), reason="packed linears do not run here"
+)
 def test_misuse_raises_value_error() -> None:
     weight = torch.ones(70, 8)
-    packed = linear.pack_weight(weight)
+    packed = packed_linear.pack_weight(weight)
     with pytest.raises(ValueError, match="in_features"):
-        linear.packed_linear(torch.ones(2, 9), packed, None, 70)
+        packed_linear.packed_linear(torch.ones(2, 9), packed, None, 70)
     with pytest.raises(ValueError, match="out_features"):
-        linear.packed_linear(torch.ones(2, 8), packed, None, 200)
+        packed_linear.packed_linear(torch.ones(2, 8), packed, None, 200)
     with pytest.raises(ValueError, match="bias"):
-        linear.packed_linear(torch.ones(2, 8), packed, torch.ones(69), 70)
+        packed_linear.packed_linear(torch.ones(2, 8), packed, torch.ones(69), 70)
     with pytest.raises(ValueError, match="dtype"):
-        linear.packed_linear(torch.ones(2, 8), packed.to(torch.float64), None, 70)
+        packed_linear.packed_linear(torch.ones(2, 8), packed.to(torch.float64), None, 70)
     with pytest.raises(ValueError, match="float16"):
-        linear.pack_weight(weight.half())
+        packed_linear.pack_weight(weight.half())
     with pytest.raises(ValueError, match="even in_features"):
-        linear.pack_weight(torch.ones(4, 3, dtype=torch.bfloat16))
+        packed_linear.pack_weight(torch.ones(4, 3, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="float16"):
-        linear.packed_linear(torch.ones(2, 8, dtype=torch.float16), packed, None, 70)
+        packed_linear.packed_linear(torch.ones(2, 8, dtype=torch.float16), packed, None, 70)

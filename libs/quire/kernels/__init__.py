@@ -1,52 +1,33 @@
-"""Paged-attention and KV-cache kernels: Triton for CUDA, C++ for CPU, plain torch as oracle.
+"""Quire's kernels: paged attention, the paged KV cache's writes and block copies, the fused
+RMSNorm and rotary ops of a decoder layer, and packed linears.
 
-Each public function picks its backend per call: Triton when the tensors are on CUDA; on the
-CPU the C++ kernels (cpp_attention.py) for attention and cache writes when they are built
-(`make kernels-cpu`), else the torch reference (reference.py), which also does block copies.
-QUIRE_KERNEL_BACKEND=auto|cpp|torch|triton overrides the choice; cpp needs the built library
-(and raises if it is missing), triton on CPU tensors needs TRITON_INTERPRET=1 set before the
-kernels are imported. Triton and the C++ library are loaded on first use only, so importing
-this package is cheap; when "auto" cannot load the C++ library it logs why, once. The fused
-RMSNorm and rotary ops of a decoder layer (fused.py) follow the same choice on the CPU.
+signatures.py writes each kernel family's signature once, as a Protocol, and three backends
+implement it: plain torch (reference.py, reference_fused.py), the oracle and the fallback; C++
+for the CPU (cpp_attention.py, cpp_fused.py, packed_linear.py; sources in csrc/, compiled by
+`make kernels-cpu`); Triton for CUDA (triton_attention.py, triton_cache.py). backends.py holds
+the one rule that picks the backend for a call. The functions below are what the model calls:
+each asks that rule for its tensors' device and runs the backend's kernel. Importing this
+package does not import triton.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 
-from quire.kernels import cpp_attention, reference
+from quire.kernels import backends, reference
 
 __all__ = [
-    "BACKEND_ENV_VAR",
+    "add_rms_norm_",
     "copy_blocks",
-    "kernel_backend",
     "paged_decode_attention",
     "paged_prefill_attention",
     "plan_decode",
+    "rms_norm",
+    "rotary_embedding_",
     "write_kv_cache",
 ]
-
-BACKEND_ENV_VAR = "QUIRE_KERNEL_BACKEND"
-_BACKENDS = ("auto", "cpp", "torch", "triton")
-
-
-def kernel_backend(device: torch.device) -> str:
-    """The backend, "cpp", "torch" or "triton", that a call on tensors of this device uses.
-
-    "cpp" runs the attention kernels, the cache write and the fused norm/rotary ops in C++;
-    block copies stay in torch.
-    """
-    requested = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
-    if requested not in _BACKENDS:
-        raise ValueError(f"{BACKEND_ENV_VAR} must be one of {_BACKENDS}, got {requested!r}")
-    if requested == "auto":
-        if device.type == "cuda":
-            return "triton"
-        return "cpp" if device.type == "cpu" and cpp_attention.is_available() else "torch"
-    return requested
 
 
 def write_kv_cache(
@@ -56,27 +37,26 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter this step's keys and values into the paged cache at slot_mapping, in place."""
-    # key, value: [num_tokens, num_kv_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # slot_mapping: [num_tokens] int64, slot = block_id * block_size + offset, distinct
-    backend = kernel_backend(key.device)
-    if backend == "triton":
-        from quire.kernels import triton_cache
+    """signatures.KVCacheWrite.write_kv_cache on the backend for key's device."""
+    kernels = backends.kv_cache_write(key.device)
+    kernels.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
 
-        triton_cache.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-    elif backend == "cpp":
-        cpp_attention.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
-    else:
-        reference.write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
+
+def copy_blocks(
+    key_caches: Sequence[torch.Tensor],
+    value_caches: Sequence[torch.Tensor],
+    block_mapping: torch.Tensor,
+) -> None:
+    """signatures.BlockCopy.copy_blocks on the backend for block_mapping's device."""
+    backends.block_copy(block_mapping.device).copy_blocks(key_caches, value_caches, block_mapping)
 
 
 def plan_decode(
     block_tables: torch.Tensor, context_lens: torch.Tensor, key_cache: torch.Tensor
 ) -> reference.DecodePlan | None:
-    """The index work of a decode batch that every layer shares, done once (None when the
-    backend needs none: the Triton and C++ kernels read block tables directly)."""
-    if kernel_backend(key_cache.device) in ("triton", "cpp"):
+    """The index work of a decode batch that every layer shares, done once for the torch
+    reference; None where the backend needs none (C++ and Triton read block tables directly)."""
+    if backends.paged_attention(key_cache.device) is not reference:
         return None
     return reference.plan_decode(block_tables, context_lens, key_cache.shape[0], key_cache.shape[1])
 
@@ -90,28 +70,18 @@ def paged_decode_attention(
     scale: float,
     plan: reference.DecodePlan | None = None,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence over its paged cache (see reference.py).
+    """signatures.PagedAttention.paged_decode_attention on the backend for query's device.
 
     `plan` comes from `plan_decode` for the same block tables and lengths, or is None; only
     the torch reference uses it.
     """
-    # query: [num_seqs, num_heads, head_dim] -> out: [num_seqs, num_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32
-    # context_lens: [num_seqs] int32, including the current token
-    backend = kernel_backend(query.device)
-    if backend == "triton":
-        from quire.kernels import triton_attention
-
-        return triton_attention.paged_decode_attention(
-            query, key_cache, value_cache, block_tables, context_lens, scale
+    kernels = backends.paged_attention(query.device)
+    if kernels is reference:
+        return reference.paged_decode_attention(
+            query, key_cache, value_cache, block_tables, context_lens, scale, plan
         )
-    if backend == "cpp":
-        return cpp_attention.paged_decode_attention(
-            query, key_cache, value_cache, block_tables, context_lens, scale
-        )
-    return reference.paged_decode_attention(
-        query, key_cache, value_cache, block_tables, context_lens, scale, plan
+    return kernels.paged_decode_attention(
+        query, key_cache, value_cache, block_tables, context_lens, scale
     )
 
 
@@ -124,38 +94,30 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's chunk over its paged cache (see reference.py)."""
-    # query: [num_tokens, num_heads, head_dim] -> out: [num_tokens, num_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32
-    # cu_query_lens: [num_seqs + 1] int32; context_lens: [num_seqs] int32, prefix + chunk
-    backend = kernel_backend(query.device)
-    if backend == "triton":
-        from quire.kernels import triton_attention
-
-        return triton_attention.paged_prefill_attention(
-            query, key_cache, value_cache, block_tables, cu_query_lens, context_lens, scale
-        )
-    if backend == "cpp":
-        return cpp_attention.paged_prefill_attention(
-            query, key_cache, value_cache, block_tables, cu_query_lens, context_lens, scale
-        )
-    return reference.paged_prefill_attention(
+    """signatures.PagedAttention.paged_prefill_attention on the backend for query's device."""
+    return backends.paged_attention(query.device).paged_prefill_attention(
         query, key_cache, value_cache, block_tables, cu_query_lens, context_lens, scale
     )
 
 
-def copy_blocks(
-    key_caches: Sequence[torch.Tensor],
-    value_caches: Sequence[torch.Tensor],
-    block_mapping: torch.Tensor,
-) -> None:
-    """Copy whole blocks src -> dst in every layer's caches, in place (see reference.py)."""
-    # key_caches, value_caches: num_layers x [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_mapping: [num_pairs, 2] int64, rows of (src, dst)
-    if kernel_backend(block_mapping.device) == "triton":
-        from quire.kernels import triton_cache
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """signatures.FusedNormRotary.rms_norm on the backend for x's device."""
+    return backends.fused_norm_rotary(x.device).rms_norm(x, weight, eps)
 
-        triton_cache.copy_blocks(key_caches, value_caches, block_mapping)
-    else:
-        reference.copy_blocks(key_caches, value_caches, block_mapping)
+
+def add_rms_norm_(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> None:
+    """signatures.FusedNormRotary.add_rms_norm_ on the backend for x's device."""
+    backends.fused_norm_rotary(x.device).add_rms_norm_(x, residual, weight, eps)
+
+
+def rotary_embedding_(
+    positions: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+) -> None:
+    """signatures.FusedNormRotary.rotary_embedding_ on the backend for query's device."""
+    backends.fused_norm_rotary(query.device).rotary_embedding_(positions, query, key, cos, sin)

@@ -1,4 +1,4 @@
-"""Argument checks shared by the torch reference and the Triton host wrappers.
+"""Argument checks shared by the torch reference and the C++ and Triton host wrappers.
 
 Only metadata is checked here (shapes, dtypes, devices, strides): reading tensor values would
 force a device sync on CUDA. The torch reference checks values as well (see reference.py).

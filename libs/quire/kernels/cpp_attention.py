@@ -1,5 +1,6 @@
-"""Host wrappers for the C++ CPU paged-attention kernels (csrc/paged_attention_cpu.cpp), and
-the loader of the C++ library they and the fused and linear ops are in.
+"""Paged attention and the KV cache write (signatures.PagedAttention, KVCacheWrite) in C++ on
+the CPU (csrc/paged_attention_cpu.cpp, cache_cpu.cpp), and the loader of the C++ library they,
+the fused ops (cpp_fused.py) and the packed linears (packed_linear.py) are in.
 
 The kernels read K/V blocks in place through the block tables (no gathered copies), one
 (sequence, kv head, query tile) per task over torch's intra-op threads. The library is built
@@ -8,7 +9,7 @@ loaded on first use: the newest built variant that is up to date (sources, torch
 instructions this CPU has, so one image runs AVX-512 on an AVX-512 host and AVX2 elsewhere.
 QUIRE_CPU_KERNELS_VARIANT=<variant> (a folder of build/quire_kernels_cpu/, e.g. x86-64-v3)
 loads that one or none. If no variant can run, `unavailable_reason` says why, logged once, and
-the "auto" backend keeps the torch reference. Same signatures and semantics as reference.py.
+the "auto" backend (quire.kernels.backends) keeps the torch reference.
 """
 
 from __future__ import annotations
@@ -145,10 +146,7 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence over its paged cache (see reference.py)."""
-    # query: [num_seqs, num_heads, head_dim] -> out: [num_seqs, num_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32; context_lens: [num_seqs] int32
+    """Checks metadata only; caches need a head_dim stride of 1."""
     checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     _check_cpu_layout(query, key_cache)
     require_loaded()
@@ -171,11 +169,7 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's chunk over its paged cache (see reference.py)."""
-    # query: [num_tokens, num_heads, head_dim] -> out: [num_tokens, num_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32
-    # cu_query_lens: [num_seqs + 1] int32; context_lens: [num_seqs] int32, prefix + chunk
+    """Checks metadata only; caches need a head_dim stride of 1."""
     checks.check_prefill(query, key_cache, value_cache, block_tables, cu_query_lens, context_lens)
     _check_cpu_layout(query, key_cache)
     require_loaded()
@@ -197,10 +191,7 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter this step's keys and values into the paged cache in place (see reference.py)."""
-    # key, value: [num_tokens, num_kv_heads, head_dim], views with unit last stride allowed
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # slot_mapping: [num_tokens] int64
+    """Checks metadata only; key and value views with a unit last stride are read in place."""
     checks.check_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     _check_cpu_layout(key, key_cache)
     require_loaded()

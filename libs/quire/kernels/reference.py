@@ -1,13 +1,8 @@
-"""Paged KV cache and paged attention in plain torch: the CPU path and the Triton test oracle.
+"""Paged attention, the KV cache write and block copies in plain torch (signatures'
+PagedAttention, KVCacheWrite and BlockCopy): the oracle of the C++ and Triton kernels and the
+fallback where they do not run.
 
-Cache layout (one layer): key_cache, value_cache are [num_blocks, block_size, num_kv_heads,
-head_dim]. Token slot s lives in block s // block_size at offset s % block_size. A sequence's
-block table row lists its blocks in logical order; its token at position p is in block
-block_table[p // block_size] at offset p % block_size. Entries past a sequence's used blocks
-are ignored but must still be valid block ids.
-
-Attention math runs in float32 whatever the cache dtype; outputs have the query's dtype.
-Unlike the Triton wrappers these functions also check index values (slots, block ids,
+Unlike the C++ and Triton wrappers these functions also check index values (slots, block ids,
 lengths), which costs a device sync on CUDA; on the CPU it is cheap.
 """
 
@@ -65,13 +60,7 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Scatter this step's keys and values into the paged cache, in place.
-
-    Slots must be distinct; slot = block_id * block_size + offset.
-    """
-    # key, value: [num_tokens, num_kv_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # slot_mapping: [num_tokens] int64
+    """Also checks that every slot is inside the cache."""
     cache = checks.check_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     num_slots = cache.num_blocks * cache.block_size
     if slot_mapping.numel() and bool(((slot_mapping < 0) | (slot_mapping >= num_slots)).any()):
@@ -140,17 +129,9 @@ def paged_decode_attention(
     scale: float,
     plan: DecodePlan | None = None,
 ) -> torch.Tensor:
-    """Attention of one new token per sequence over that sequence's paged cache.
-
-    The current token's key and value must already be in the cache: it sits at position
-    context_len - 1 and attends to positions 0..context_len-1. Returns
-    [num_seqs, num_heads, head_dim] in the query's dtype. A `plan` from `plan_decode` for
-    these very block tables and lengths spares every layer the same index work.
-    """
-    # query: [num_seqs, num_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32
-    # context_lens: [num_seqs] int32
+    """Sequences are padded to the longest of their group (`plan_decode`) and attend in
+    batched SDPA calls. A `plan` from `plan_decode` for these very block tables and lengths
+    spares every layer the same index work."""
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     if plan is None:
         plan = plan_decode(
@@ -278,19 +259,8 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Causal attention of each sequence's chunk of new tokens over its paged cache.
-
-    Sequence s contributes q_s = cu_query_lens[s+1] - cu_query_lens[s] query tokens (q_s may
-    be 0), already written to the cache after a cached prefix of context_lens[s] - q_s tokens.
-    Chunk token i sits at position context_lens[s] - q_s + i and attends to every position up
-    to its own. Decode is the case q_s = 1. Returns [num_tokens, num_heads, head_dim] in the
-    query's dtype.
-    """
-    # query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32
-    # cu_query_lens: [num_seqs + 1] int32, prefix sums of the chunk lengths
-    # context_lens: [num_seqs] int32, cached prefix + chunk
+    """Single-token chunks take the batched decode path together; longer chunks loop per
+    sequence, one masked matmul per kv head."""
     shape = checks.check_prefill(
         query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
     )
@@ -356,13 +326,7 @@ def copy_blocks(
     value_caches: Sequence[torch.Tensor],
     block_mapping: torch.Tensor,
 ) -> None:
-    """Copy whole cache blocks src -> dst in every layer, in place (copy-on-write forks).
-
-    Destinations must be distinct and must not also be sources, so that pairs are
-    independent (the Triton kernel copies them in parallel).
-    """
-    # key_caches, value_caches: num_layers x [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_mapping: [num_pairs, 2] int64, rows of (src, dst)
+    """Also checks that destinations are distinct and never sources."""
     cache = checks.check_copy_blocks(key_caches, value_caches, block_mapping)
     if cache is None or block_mapping.shape[0] == 0:
         return

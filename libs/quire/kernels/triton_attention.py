@@ -6,9 +6,8 @@ softmax (running max m_i, running sum l_i) in float32. A tile of positions may s
 cache blocks, so the tile size does not depend on block_size. GQA: query head h reads kv
 head h // (num_heads // num_kv_heads).
 
-The host wrappers have the torch reference's signatures (see reference.py) and check
-metadata only; index values (slots, block ids, lengths) are trusted, so that launching
-never syncs with the device.
+The host wrappers implement signatures.PagedAttention and check metadata only; index values
+(slots, block ids, lengths) are trusted, so that launching never syncs with the device.
 """
 
 from __future__ import annotations
@@ -295,11 +294,8 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Triton version of reference.paged_decode_attention (same contract)."""
-    # query: [num_seqs, num_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32
-    # context_lens: [num_seqs] int32, each >= 1
+    """One program per (sequence, query head). Needs head_dim a power of two in [16, 256] and
+    a contiguous context_lens."""
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     _check_triton(shape, query)
     checks.check_contiguous(context_lens=context_lens)
@@ -339,12 +335,8 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Triton version of reference.paged_prefill_attention (same contract)."""
-    # query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_tables: [num_seqs, max_blocks_per_seq] int32
-    # cu_query_lens: [num_seqs + 1] int32, prefix sums of the chunk lengths
-    # context_lens: [num_seqs] int32, cached prefix + chunk
+    """One program per (query tile, query head), each finding its sequence on the device.
+    Needs head_dim a power of two in [16, 256], contiguous cu_query_lens and context_lens."""
     shape = checks.check_prefill(
         query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
     )

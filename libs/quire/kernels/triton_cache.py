@@ -1,8 +1,7 @@
 """Paged KV cache writes and block copies in Triton.
 
-The host wrappers have the torch reference's signatures (see reference.py) and check
-metadata only; slot and block id values are trusted, so launching never syncs with the
-device.
+The host wrappers implement signatures.KVCacheWrite and BlockCopy and check metadata only;
+slot and block id values are trusted, so launching never syncs with the device.
 """
 
 from __future__ import annotations
@@ -125,10 +124,8 @@ def write_kv_cache(
     value_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Triton version of reference.write_kv_cache (same contract)."""
-    # key, value: [num_tokens, num_kv_heads, head_dim]
-    # key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
-    # slot_mapping: [num_tokens] int64, distinct slots
+    """One program per token. Needs head_dim a power of two in [16, 256] and a contiguous
+    slot_mapping."""
     cache = checks.check_write_kv_cache(key, value, key_cache, value_cache, slot_mapping)
     checks.check_triton_head_dim(cache.head_dim)
     checks.check_triton_device(key.device, IS_INTERPRETED)
@@ -159,9 +156,7 @@ def copy_blocks(
     value_caches: Sequence[torch.Tensor],
     block_mapping: torch.Tensor,
 ) -> None:
-    """Triton version of reference.copy_blocks (same contract), one launch for all layers."""
-    # key_caches, value_caches: num_layers x [num_blocks, block_size, num_kv_heads, head_dim]
-    # block_mapping: [num_pairs, 2] int64, rows of (src, dst); dst distinct, never a src
+    """One launch for all layers; every cache must be contiguous."""
     cache = checks.check_copy_blocks(key_caches, value_caches, block_mapping)
     if cache is None or block_mapping.shape[0] == 0:
         return

@@ -46,7 +46,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import linear as packed_linear
+from quire.kernels import backends as kernel_backends
+from quire.kernels import packed_linear
 
 BACKENDS = ("auto", "onednn", "packed", "torch", "widened")
 MIN_WIDENED_ROWS = 32  # fewer rows than this: a widened layer multiplies its narrow weight
@@ -99,10 +100,11 @@ def linear_backend(
     if backend == "widened":
         return "widened" if narrow else "torch"
     if backend == "packed":
-        if not packed_linear.is_supported(dtype):
+        if kernel_backends.packed_linear(dtype) is None:
             raise ValueError(
-                f"QUIRE_LINEAR_BACKEND=packed needs the C++ kernels (make kernels-cpu) and, for "
-                f"{dtype}, a CPU that runs them (float32: AVX-512, bfloat16: AVX512_BF16)"
+                f"QUIRE_LINEAR_BACKEND=packed needs the C++ kernels (make kernels-cpu) as the "
+                f"CPU's kernel backend and, for {dtype}, a CPU that runs them (float32: AVX-512, "
+                "bfloat16: AVX512_BF16)"
             )
         return "packed"
     if backend == "torch":
@@ -127,7 +129,7 @@ def _can_run(backend: str, dtype: torch.dtype) -> bool:
     if backend == "onednn":
         return _onednn_available()
     if backend == "packed":
-        return packed_linear.is_supported(dtype)
+        return kernel_backends.packed_linear(dtype) is not None
     return True
 
 
@@ -180,7 +182,7 @@ def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None =
         return chosen
     if device.type != "cpu":
         return "torch"
-    if packed_linear.is_supported(dtype):
+    if kernel_backends.packed_linear(dtype) is not None:
         return "packed"
     if dtype in (torch.float32, torch.bfloat16) and _onednn_available():
         return "onednn"

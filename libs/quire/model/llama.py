@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import fused
+import quire.kernels as kernels
 from quire.model.attention import AttentionMetadata, PagedAttention
 from quire.model.config import ModelConfig
 from quire.model.linear import Linear, head_backend, linear_backend
@@ -107,24 +107,24 @@ class LlamaModel:
         # residual: [num_tokens, hidden], the stream each sublayer adds into; x: the input of
         # the next sublayer, which add_rms_norm_ overwrites with norm(residual + x).
         residual = F.embedding(input_ids, self.embed)
-        x = fused.rms_norm(residual, self.layers[0].input_norm, eps)
+        x = kernels.rms_norm(residual, self.layers[0].input_norm, eps)
         cos, sin = self.rotary.cos, self.rotary.sin
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if i > 0:
-                fused.add_rms_norm_(x, residual, layer.input_norm, eps)
+                kernels.add_rms_norm_(x, residual, layer.input_norm, eps)
             qkv = layer.qkv(x)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             # views into qkv: [num_tokens, heads, head_dim], rotated in place
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
-            fused.rotary_embedding_(positions, q, k, cos, sin)
+            kernels.rotary_embedding_(positions, q, k, cos, sin)
             attn = self.attn(q, k, v, kv_cache, meta)
             x = layer.o(attn.reshape(-1, self.q_size))
-            fused.add_rms_norm_(x, residual, layer.post_norm, eps)
+            kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             x = layer.down(F.silu(gate) * up)
-        fused.add_rms_norm_(x, residual, self.norm, eps)
+        kernels.add_rms_norm_(x, residual, self.norm, eps)
         return x
 
     @torch.inference_mode()

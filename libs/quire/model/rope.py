@@ -32,7 +32,7 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 class RotaryEmbedding:
     """Precomputed cos/sin tables indexed by absolute position (rotate-half layout); the
-    rotation itself is quire.kernels.fused.rotary_embedding_."""
+    rotation itself is quire.kernels.rotary_embedding_."""
 
     def __init__(
         self, rope: RopeConfig, head_dim: int, max_positions: int, device: torch.device

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import linear as packed_linear
+from quire.kernels import backends as kernel_backends
 from quire.model.linear import (
     BACKENDS,
     MIN_WIDENED_ROWS,
@@ -65,7 +65,7 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         linear_backend(torch.float16, CPU, "onednn")
     # The LM head: packed where it runs, else oneDNN, on the CPU unless a backend is named.
     for dtype in (torch.float32, torch.bfloat16):
-        expected = "packed" if packed_linear.is_supported(dtype) else "onednn"
+        expected = "packed" if kernel_backends.packed_linear(dtype) is not None else "onednn"
         assert head_backend(dtype, CPU, "auto") == expected
         assert head_backend(dtype, CPU, "widened") == expected
         assert head_backend(dtype, CPU, "torch") == "torch"
@@ -125,7 +125,7 @@ def test_engine_tokens_do_not_depend_on_the_linear_backend(
 
 
 @pytest.mark.skipif(
-    not packed_linear.is_supported(torch.float32), reason="packed linears do not run here"
+    kernel_backends.packed_linear(torch.float32) is None, reason="packed linears do not run here"
 )
 def test_packed_float32_engine_gives_the_torch_backends_greedy_tokens(
     tiny_model: object, monkeypatch: pytest.MonkeyPatch
@@ -145,7 +145,7 @@ def test_packed_float32_engine_gives_the_torch_backends_greedy_tokens(
 
 
 def test_packed_backend_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    if packed_linear.is_supported(torch.bfloat16):
+    if kernel_backends.packed_linear(torch.bfloat16) is not None:
         layer = Linear(torch.randn(70, 8).to(torch.bfloat16), None, "packed")
         assert layer(torch.randn(3, 8).to(torch.bfloat16)).shape == (3, 70)
         assert linear_backend(torch.bfloat16, CPU, "packed") == "packed"

@@ -1,6 +1,6 @@
 // The paged KV cache write on the CPU: each new token's key and value rows copied to the
 // slot the slot mapping names, one pass, with every slot checked before anything is written.
-// Same semantics as reference.write_kv_cache (slot = block_id * block_size + offset).
+// signatures.KVCacheWrite gives the arguments and their meaning.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>

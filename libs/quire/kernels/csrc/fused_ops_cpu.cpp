@@ -1,7 +1,7 @@
 // Fused elementwise parts of a Llama decoder layer on the CPU: RMSNorm (with the residual
 // add before it) and rotary embeddings, each one pass over its rows, in place.
 //
-// Results match the unfused torch ops of quire.kernels.fused_reference (which follow
+// Results match the unfused torch ops of quire.kernels.reference_fused (which follow
 // transformers' op order) operation by operation: every intermediate the torch version
 // rounds to the model dtype is rounded here too, and products are never contracted into
 // fused multiply-adds (fp-contract=off below), so rotary embeddings are bit-identical and

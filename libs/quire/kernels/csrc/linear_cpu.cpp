@@ -170,7 +170,7 @@ int64_t packed_row_width(at::ScalarType dtype) { return dtype == at::kBFloat16 ?
 }  // namespace
 
 // x: [M, K] (unit last stride); packed: [ceil(N / 64), K or K / 2, 64 or 128], the layout above
-// (built by quire.kernels.linear.pack_weight); bias: [N] or None. Returns [M, N] in x's dtype.
+// (built by quire.kernels.packed_linear.pack_weight); bias: [N] or None. Returns [M, N].
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
                          const std::optional<at::Tensor>& bias, int64_t out_features) {
   const at::ScalarType dtype = x.scalar_type();

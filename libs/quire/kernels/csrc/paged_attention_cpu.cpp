@@ -1,12 +1,9 @@
 // Paged attention on the CPU: decode and chunked prefill, reading K/V where they live.
 //
-// Memory layout (one layer), as in reference.py:
-//   key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim], head_dim stride 1.
-//   A sequence's block table row lists its blocks in logical order: its token at position p
-//   is in block block_tables[seq][p / block_size], at slot p % block_size. Within a block,
-//   one kv head's keys are block_size rows of head_dim values, slot_stride elements apart.
-//   query, out: [num_tokens, num_heads, head_dim]. Query head h reads kv head
-//   h / group_size (GQA: group_size = num_heads / num_kv_heads query heads share one).
+// Arguments, shapes and the cache layout are signatures.PagedAttention's. What these loops
+// add to it: the caches' head_dim stride is 1, so within a block one kv head's keys are
+// block_size rows of head_dim values, slot_stride elements apart; query head h reads kv head
+// h / group_size (group_size = num_heads / num_kv_heads).
 //
 // Algorithm. The unit of work is a tile: up to kMaxTileRows query rows of one sequence and
 // one kv head, i.e. the group_size query heads of a few consecutive chunk tokens (decode: of

@@ -1,10 +1,10 @@
-"""Host wrappers for the C++ CPU linear kernel (csrc/linear_cpu.cpp): y = x W^T + b on a
-weight packed once, in float32 (AVX-512 FMAs) or bfloat16 (AVX512_BF16 dot products).
+"""Packed linears (signatures.PackedLinear) in C++ on the CPU (csrc/linear_cpu.cpp), float32
+(AVX-512 FMAs) or bfloat16 (AVX512_BF16 dot products), and the packing of their weights.
 
 A packed weight is `[ceil(N / 64), K, 64]` (float32) or `[ceil(N / 64), K / 2, 128]`
 (bfloat16, pairs along K interleaved), N padded with zero columns: tiles of 64 output columns,
 each one contiguous stream of the weights its columns need at every step along K. See the
-C++ file for why. `F.linear` on the unpacked weight is the reference.
+C++ file for why. Whether they run for a call is quire.kernels.backends' rule (`packed_linear`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ TILE_COLS = 64  # output columns per packed tile
 
 
 @functools.cache
-def is_supported(dtype: torch.dtype) -> bool:
-    """Whether packed linears run in this dtype here: the C++ library is loaded and this CPU
-    has the instructions (AVX-512 for float32, AVX512_BF16 for bfloat16)."""
+def cpu_supports(dtype: torch.dtype) -> bool:
+    """Whether the kernel can run in this dtype here: the C++ library is loaded and this CPU has
+    the instructions (AVX-512 for float32, AVX512_BF16 for bfloat16)."""
     if dtype not in (torch.float32, torch.bfloat16) or not cpp_attention.is_available():
         return False
     return bool(torch.ops.quire_cpu.packed_linear_supported(dtype))
@@ -51,13 +51,10 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def packed_linear(
-    x: torch.Tensor,  # [num_rows, in_features]
-    packed: torch.Tensor,  # from pack_weight, x's dtype
-    bias: torch.Tensor | None,  # [out_features], x's dtype
-    out_features: int,
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
-    """x @ W^T + bias for the weight `packed` holds: `[num_rows, out_features]` in x's dtype."""
-    if not is_supported(x.dtype):
+    """The kernel; a strided x is made contiguous first."""
+    if not cpu_supports(x.dtype):
         raise ValueError(f"packed linears do not run here in {x.dtype}")
     if x.stride(-1) != 1:
         x = x.contiguous()

@@ -1,0 +1,147 @@
+"""Each kernel's signature, written once: one Protocol per kernel family.
+
+A backend implements a family as a module holding these functions under these names: the
+torch reference (reference.py, reference_fused.py), the C++ CPU kernels (cpp_attention.py,
+cpp_fused.py, packed_linear.py) and the Triton kernels (triton_attention.py, triton_cache.py).
+quire.kernels.backends picks the module for a call, and mypy checks there that each module
+fits its family. Arguments, shapes and meaning are documented here only; a backend's own
+docstrings say what is particular to it (what it checks, what it trusts, how it computes).
+
+The paged KV cache (one layer): key_cache and value_cache are [num_blocks, block_size,
+num_kv_heads, head_dim]. Slot s is block s // block_size at offset s % block_size. A sequence's
+block table row lists its blocks in logical order, so its token at position p is in block
+block_table[p // block_size] at offset p % block_size; entries past the blocks it uses are
+ignored but must still be valid block ids. Attention math runs in float32 whatever the cache
+dtype; outputs have the query's dtype. Grouped-query attention: query head h reads kv head
+h // (num_heads // num_kv_heads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+
+class PagedAttention(Protocol):
+    """Attention of new tokens over their sequences' paged caches."""
+
+    def paged_decode_attention(
+        self,
+        query: torch.Tensor,  # [num_seqs, num_heads, head_dim]: one new token per sequence
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+        context_lens: torch.Tensor,  # [num_seqs] int32, >= 1: the current token included
+        scale: float,  # applied to q . k before the softmax
+    ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
+        """Attention of one new token per sequence over that sequence's paged cache.
+
+        The token's key and value are already in the cache: it sits at position
+        context_len - 1 and attends to positions 0..context_len-1.
+        """
+        ...
+
+    def paged_prefill_attention(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]: the chunks back to back
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
+        cu_query_lens: torch.Tensor,  # [num_seqs + 1] int32: prefix sums of the chunk lengths
+        context_lens: torch.Tensor,  # [num_seqs] int32: cached prefix + chunk
+        scale: float,  # applied to q . k before the softmax
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        """Causal attention of each sequence's chunk of new tokens over its paged cache.
+
+        Sequence s contributes q_s = cu_query_lens[s+1] - cu_query_lens[s] query tokens (q_s may
+        be 0), already written to the cache after a cached prefix of context_lens[s] - q_s
+        tokens. Chunk token i sits at position context_lens[s] - q_s + i and attends to every
+        position up to its own. Decode is the case q_s = 1.
+        """
+        ...
+
+
+class KVCacheWrite(Protocol):
+    """This step's keys and values into the paged cache."""
+
+    def write_kv_cache(
+        self,
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], a view or not
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], a view or not
+        key_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        value_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        slot_mapping: torch.Tensor,  # [num_tokens] int64, distinct slots
+    ) -> None:
+        """Scatter key and value into the caches at slot_mapping, in place."""
+        ...
+
+
+class BlockCopy(Protocol):
+    """Whole cache blocks copied within every layer's caches (copy-on-write forks)."""
+
+    def copy_blocks(
+        self,
+        key_caches: Sequence[torch.Tensor],  # num_layers x [num_blocks, block_size, kv_heads, D]
+        value_caches: Sequence[torch.Tensor],  # num_layers x [num_blocks, block_size, kv_heads, D]
+        block_mapping: torch.Tensor,  # [num_pairs, 2] int64, rows of (src, dst)
+    ) -> None:
+        """Copy block src to block dst in every layer's caches, in place.
+
+        Destinations are distinct and never also sources, so that pairs are independent and
+        may be copied in parallel.
+        """
+        ...
+
+
+class FusedNormRotary(Protocol):
+    """The elementwise parts of a decoder layer: RMSNorm (with its residual add) and rotary
+    embeddings, as transformers computes them (normalize in float32, cast back, then scale;
+    rotate-half with cos and sin cast to the model dtype)."""
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        weight: torch.Tensor,  # [hidden], x's dtype
+        eps: float,
+    ) -> torch.Tensor:  # [num_tokens, hidden], a new tensor
+        """weight * rms_normalized(x)."""
+        ...
+
+    def add_rms_norm_(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        residual: torch.Tensor,  # [num_tokens, hidden]
+        weight: torch.Tensor,  # [hidden]
+        eps: float,
+    ) -> None:
+        """In place: `residual += x` (in its dtype), then `x = rms_norm(residual)`, the next
+        sublayer's input."""
+        ...
+
+    def rotary_embedding_(
+        self,
+        positions: torch.Tensor,  # [num_tokens] int64
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim], rotated in place
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim], rotated in place
+        cos: torch.Tensor,  # [max_positions, head_dim] float32
+        sin: torch.Tensor,  # [max_positions, head_dim] float32
+    ) -> None:
+        """Rotate query and key (rotate-half layout) by their positions' angles, in place."""
+        ...
+
+
+class PackedLinear(Protocol):
+    """y = x W^T + b on a weight packed once into tiles of output columns (the layout of
+    packed_linear.pack_weight). Its oracle is F.linear on the unpacked weight."""
+
+    def packed_linear(
+        self,
+        x: torch.Tensor,  # [num_rows, in_features]
+        packed: torch.Tensor,  # from pack_weight, x's dtype
+        bias: torch.Tensor | None,  # [out_features], x's dtype
+        out_features: int,
+    ) -> torch.Tensor:  # [num_rows, out_features], x's dtype
+        """x @ W^T + bias for the weight `packed` holds."""
+        ...
