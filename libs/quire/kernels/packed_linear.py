@@ -53,7 +53,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
 def packed_linear(
     x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int
 ) -> torch.Tensor:
-    """The kernel; a strided x is made contiguous first."""
+    """The kernel; an x whose last stride is not 1 is copied contiguous first."""
     if not cpu_supports(x.dtype):
         raise ValueError(f"packed linears do not run here in {x.dtype}")
     if x.stride(-1) != 1:
