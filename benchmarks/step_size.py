@@ -54,7 +54,7 @@ from services.common.wire.memory_manager import (
     step_from_proto,
     step_to_proto,
 )
-from services.memory_manager.servicer import check_step
+from services.memory_manager.manager_servicer import check_step
 from services.rpc import memory_manager_pb2 as pb
 from services.rpc import memory_manager_pb2_grpc as pb_grpc
 
@@ -81,8 +81,8 @@ def serve(port_queue: Any, full: bool = False) -> None:
     import asyncio
 
     from services.memory_manager import pools
-    from services.memory_manager.server import MemoryManagerServer
-    from services.memory_manager.settings import Settings
+    from services.memory_manager.manager_server import MemoryManagerServer
+    from services.memory_manager.manager_settings import Settings
 
     if full:
         pools.BlockManager = WholeTablesManager  # type: ignore[misc]

@@ -14,7 +14,7 @@ import grpc
 import httpx
 import redis
 
-from quire.cluster.registry import ExecutorRecord, executor_key
+from quire.cluster.redis_keys import ExecutorRecord, executor_key
 from services.rpc import memory_manager_pb2, memory_manager_pb2_grpc
 from services.stack.runner import Stack
 

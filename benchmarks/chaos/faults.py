@@ -15,7 +15,7 @@ import httpx
 from benchmarks.chaos.cluster import executor_record, manager_pools, redis_client, wait_healthy
 from benchmarks.chaos.load import one_request, served_by, stream_body
 from benchmarks.chaos.stack import Plan, add_router, settle, start_process, steady_load
-from quire.cluster.registry import prefix_key
+from quire.cluster.redis_keys import prefix_key
 from services.stack.runner import Stack
 
 

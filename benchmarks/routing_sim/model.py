@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from quire.block.hashing import hash_full_blocks
 from quire.cluster.policies import RoutingPolicy, RoutingRequest
-from quire.cluster.registry import ExecutorLoad, ExecutorRecord
+from quire.cluster.redis_keys import ExecutorLoad, ExecutorRecord
 from quire.cluster.routing import Candidate
 
 

@@ -4,7 +4,7 @@ Exactly one constraint is set: a JSON schema, any JSON object, a regular express
 list of choices, an EBNF grammar (xgrammar's dialect, GBNF-like) or a structural tag
 (xgrammar's `{"type": "structural_tag", "format": {...}}`: free text with tagged regions
 under their own schemas, what chat's `tool_choice: "auto"` decodes under). The engine enforces it
-while decoding (`quire.engine.structured`): every step, tokens that cannot continue a match
+while decoding (`quire.engine.grammar_masks`): every step, tokens that cannot continue a match
 are masked out of the logits, and the output ends ("stop") once the grammar is complete.
 """
 

@@ -20,9 +20,9 @@ from pathlib import Path
 from pydantic_settings import BaseSettings
 
 from services.common.cli import setting_names
-from services.executor.settings import ExecutorSettings
-from services.memory_manager.settings import Settings as MemoryManagerSettings
-from services.router.settings import RouterSettings
+from services.executor.executor_settings import ExecutorSettings
+from services.memory_manager.manager_settings import Settings as MemoryManagerSettings
+from services.router.router_settings import RouterSettings
 from services.stack import spec
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import structlog
 
 from services.common import cli
-from services.executor.logs import configure_logging
-from services.executor.server import ExecutorServer
-from services.executor.settings import ExecutorSettings, parse_settings
+from services.executor.executor_logging import configure_logging
+from services.executor.executor_server import ExecutorServer
+from services.executor.executor_settings import ExecutorSettings, parse_settings
 
 log = structlog.get_logger("quire.executor")
 

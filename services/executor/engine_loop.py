@@ -20,13 +20,13 @@ from typing import TypeAlias, TypeVar
 
 import structlog
 
-from quire.cluster.registry import ExecutorLoad
+from quire.cluster.redis_keys import ExecutorLoad
 from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats
 from quire.outputs import RequestDelta
 from quire.sampling_params import SamplingParams
-from services.executor.logs import RequestIds
-from services.executor.metrics import ExecutorMetrics
+from services.executor.executor_logging import RequestIds
+from services.executor.executor_metrics import ExecutorMetrics
 
 log = structlog.get_logger("quire.executor.engine_loop")
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import structlog
 from redis.exceptions import RedisError
 
-from quire.cluster.registry import (
+from quire.cluster.redis_keys import (
     HEARTBEAT_S,
     LIVENESS_TTL_S,
     ExecutorRecord,

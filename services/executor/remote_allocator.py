@@ -53,6 +53,7 @@ from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocation
 from quire.block.restore import LiveSequenceState
 from quire.block.tables import BlockTables
 from services.common import tls
+from services.common.epochs import StaleEpochError
 from services.common.wire.memory_manager import (
     live_to_proto,
     result_from_proto,
@@ -82,10 +83,6 @@ class RemoteAllocatorError(RuntimeError):
 
 class AllocatorUnavailableError(RemoteAllocatorError):
     """The memory manager could not be reached (for longer than the retry budget)."""
-
-
-class StaleEpochError(RemoteAllocatorError):
-    """The manager knows a newer incarnation of this executor (FAILED_PRECONDITION)."""
 
 
 def filter_step(request: StepAllocation, live_ids: set[str]) -> StepAllocation:

@@ -10,9 +10,9 @@ import asyncio
 import signal
 
 from services.common import cli
-from services.memory_manager.logs import configure_logging
-from services.memory_manager.server import MemoryManagerServer
-from services.memory_manager.settings import Settings
+from services.memory_manager.manager_logging import configure_logging
+from services.memory_manager.manager_server import MemoryManagerServer
+from services.memory_manager.manager_settings import Settings
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:

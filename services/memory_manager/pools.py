@@ -16,14 +16,11 @@ from dataclasses import dataclass
 
 from quire.block.manager import BlockManager
 from quire.block.restore import LiveSequenceState
+from services.common.epochs import StaleEpochError
 
 
 class UnknownExecutorError(LookupError):
     """No executor with that id is registered here."""
-
-
-class StaleEpochError(Exception):
-    """The request names an incarnation other than the registered one."""
 
 
 @dataclass

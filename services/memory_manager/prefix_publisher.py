@@ -1,7 +1,7 @@
 """PrefixPublisher: mirrors executors' prefix indexes into Redis, off the Step path.
 
 Each executor incarnation owns one Redis SET of raw 16-byte block hashes at
-`prefix_key(prefix, executor_id, epoch)` (see quire.cluster.registry). The memory
+`prefix_key(prefix, executor_id, epoch)` (see quire.cluster.redis_keys). The memory
 manager calls `reset` on Register, `publish` after every Step (the index events of
 `BlockManager.drain_index_events`) and `drop` on Deregister. Those calls are
 synchronous and only update an in-memory mirror; a background task writes the
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 import structlog
 
-from quire.cluster.registry import PREFIX_TTL_S, prefix_key
+from quire.cluster.redis_keys import PREFIX_TTL_S, prefix_key
 from services.common import redis_client
 
 log = structlog.get_logger(__name__)

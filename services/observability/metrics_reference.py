@@ -21,9 +21,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
-from services.executor.metrics import ExecutorMetrics
-from services.memory_manager.metrics import ManagerMetrics
-from services.router.metrics import RouterMetrics
+from services.executor.executor_metrics import ExecutorMetrics
+from services.memory_manager.manager_metrics import ManagerMetrics
+from services.router.router_metrics import RouterMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_FILE = REPO / "docs" / "metrics.md"

@@ -17,8 +17,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from services.common import cli
-from services.router.log import configure_logging
-from services.router.settings import RouterSettings
+from services.router.router_logging import configure_logging
+from services.router.router_settings import RouterSettings
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> RouterSettings:

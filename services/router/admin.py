@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse
 
 from services.router.auth import ApiKeyMiddleware, ApiKeys
 from services.router.errors import install_error_handlers
-from services.router.metrics import RequestContextMiddleware
+from services.router.router_metrics import RequestContextMiddleware
 from services.router.routes import dashboard, ops
 from services.router.state import RouterState
 

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from quire.cluster.registry import (
+from quire.cluster.redis_keys import (
     LIVENESS_TTL_S,
     ExecutorRecord,
     executor_key,

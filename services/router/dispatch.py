@@ -24,8 +24,8 @@ from services.router.directory import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
 from services.router.hash_watch import HashWatch
-from services.router.log import current_request_id
-from services.router.metrics import RouterMetrics
+from services.router.router_logging import current_request_id
+from services.router.router_metrics import RouterMetrics
 from services.rpc import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("router.dispatch")

@@ -11,7 +11,7 @@ import structlog
 
 from quire.cluster.hash_params import HashAgreement, HashParams, resolve_hash_params
 from services.router.directory import ClusterView
-from services.router.metrics import RouterMetrics
+from services.router.router_metrics import RouterMetrics
 
 log = structlog.get_logger("router.hash_params")
 

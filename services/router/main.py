@@ -15,9 +15,9 @@ from services.router.auth import ApiKeyMiddleware, ApiKeys
 from services.router.body_limits import BodyLimitMiddleware
 from services.router.deps import count_request
 from services.router.errors import install_error_handlers
-from services.router.metrics import RequestContextMiddleware, RouterMetrics
+from services.router.router_metrics import RequestContextMiddleware, RouterMetrics
+from services.router.router_settings import RouterSettings
 from services.router.routes import chat, completions, models, ops, tokenize
-from services.router.settings import RouterSettings
 from services.router.sse import ClientDisconnected, client_closed
 from services.router.state import RouterState
 

@@ -25,7 +25,7 @@ from quire.sampling_params import (
     MAX_STOP_STRINGS,
     SamplingParams,
 )
-from services.router.structured import StructuredFields
+from services.router.structured_fields import StructuredFields
 from services.router.tool_schemas import Tool, ToolChoice
 
 MAX_STOP_CHARS = 1024  # longest stop string

@@ -18,9 +18,9 @@ from services.router.dispatch import Dispatcher
 from services.router.errors import ApiError
 from services.router.executor_client import ExecutorClients
 from services.router.hash_watch import HashWatch
-from services.router.metrics import RouterMetrics
 from services.router.prompts import PromptProcessor, load_tokenizer
-from services.router.settings import RouterSettings
+from services.router.router_metrics import RouterMetrics
+from services.router.router_settings import RouterSettings
 from services.router.token_text import TokenText
 from services.router.tool_templates import resolve_tool_template
 

@@ -13,12 +13,12 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from services.executor.settings import ExecutorSettings
-from services.executor.settings import parse_settings as parse_executor
+from services.executor.executor_settings import ExecutorSettings
+from services.executor.executor_settings import parse_settings as parse_executor
 from services.memory_manager.__main__ import parse_settings as parse_memory_manager
-from services.memory_manager.settings import Settings as MemoryManagerSettings
+from services.memory_manager.manager_settings import Settings as MemoryManagerSettings
 from services.router.__main__ import parse_settings as parse_router
-from services.router.settings import RouterSettings
+from services.router.router_settings import RouterSettings
 
 PARSERS: dict[str, Callable[[list[str]], Any]] = {
     "services.router": parse_router,

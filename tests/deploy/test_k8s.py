@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from services.executor.settings import ExecutorSettings
+from services.executor.executor_settings import ExecutorSettings
 from services.stack.spec import CONTAINER_CONFIG
 from tests.deploy import kustomize, service_flags
 from tests.deploy.crd_schemas import CRD_SCHEMAS

@@ -19,9 +19,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.executor.metrics import ExecutorMetrics
-from services.memory_manager.metrics import ManagerMetrics
-from services.router.metrics import RouterMetrics
+from services.executor.executor_metrics import ExecutorMetrics
+from services.memory_manager.manager_metrics import ManagerMetrics
+from services.router.router_metrics import RouterMetrics
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 from tests.integration.conftest import REPO, wait_idle

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from quire.block.allocator import AppendRequest, StepAllocationResult
 from quire.block.pool import BlockPool
-from quire.block.sequence import SequenceState, cdiv
+from quire.block.sequence_state import SequenceState, cdiv
 
 # seq_id -> (table length, last block id) before this step touched it; None for a table
 # that is new this step (admitted or forked). The step's `TableUpdate`s come from it.

@@ -27,7 +27,7 @@ from quire.block.appends import AppendPhase, Touched
 from quire.block.hashing import extend_block_hashes
 from quire.block.pool import BlockPool
 from quire.block.restore import LiveSequenceState, validate_live_sequences
-from quire.block.sequence import SequenceState, cdiv
+from quire.block.sequence_state import SequenceState, cdiv
 from quire.block.tables import named_seq_ids, table_checksum
 from quire.block.validation import validate_step
 

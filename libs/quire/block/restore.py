@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quire.block.hashing import check_token_ids, hash_full_blocks
-from quire.block.sequence import cdiv
+from quire.block.sequence_state import cdiv
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from quire.cluster.registry import ExecutorRecord
+from quire.cluster.redis_keys import ExecutorRecord
 
 
 @dataclass(frozen=True, order=True)

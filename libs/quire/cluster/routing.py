@@ -31,7 +31,7 @@ import struct
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from quire.cluster.registry import ExecutorRecord
+from quire.cluster.redis_keys import ExecutorRecord
 
 REASONS = ("prefix_hit", "consistent_hash", "load_balance", "prefix_capped")
 

@@ -19,13 +19,13 @@ from quire.block.allocator import BlockAllocator
 from quire.block.manager import BlockManager
 from quire.block.tables import BlockTables
 from quire.config import EngineConfig
+from quire.engine.grammar_masks import StructuredOutputs
 from quire.engine.inputs import Prompt, check_prompt_fits, seeded_generators, tokenize_prompt
 from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
 from quire.engine.scheduler import Scheduler, SchedulerConfig
 from quire.engine.sequence import Request, Sequence
 from quire.engine.stats import EngineStats, StepStats, step_stats
-from quire.engine.structured import StructuredOutputs
 from quire.engine.update import StopRules, finished_delta, request_delta, update_from_output
 from quire.outputs import RequestDelta, SequenceDelta
 from quire.sampling_params import SamplingParams

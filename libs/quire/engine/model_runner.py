@@ -15,6 +15,7 @@ import torch
 
 import quire.kernels as kernels
 from quire.block.tables import BlockTables
+from quire.engine.grammar_masks import GrammarRow, MaskJob, StructuredOutputs
 from quire.engine.prompt_logprobs import (
     LOGITS_SLICE_ROWS,
     PromptLogprobsChunk,
@@ -25,7 +26,6 @@ from quire.engine.prompt_logprobs import (
 from quire.engine.sampler import SampleRow, sample
 from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
-from quire.engine.structured import GrammarRow, MaskJob, StructuredOutputs
 from quire.model.attention import AttentionMetadata
 from quire.model.config import ModelConfig
 from quire.model.llama import KVCache, LlamaModel

@@ -84,7 +84,7 @@ class Request:
     # Prompt tokens 1.. their logprobs so far (params.prompt_logprobs set; token 0 has none).
     prompt_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     prompt_logprobs_sent: bool = False  # already in a RequestDelta
-    # Structured outputs only: each output index's grammar matcher (quire.engine.structured),
+    # Structured outputs only: each output index's grammar matcher (quire.engine.grammar_masks),
     # which has accepted exactly that output's tokens.
     grammar_matchers: dict[int, Any] = field(default_factory=dict)
 

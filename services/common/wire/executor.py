@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from quire.cluster.registry import ExecutorLoad
+from quire.cluster.redis_keys import ExecutorLoad
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
 from quire.sampling_params import FLOAT_FIELDS, SamplingParams
 from quire.structured_params import StructuredOutputParams

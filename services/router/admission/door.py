@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.router.admission.slots import ALL_EXECUTORS_FULL, Admission, current_ticket
 from services.router.directory import ExecutorDirectory
 from services.router.errors import error_body
-from services.router.metrics import RouterMetrics
+from services.router.router_metrics import RouterMetrics
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 

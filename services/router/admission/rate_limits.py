@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 from services.common import redis_client
 from services.router.auth import ANONYMOUS
 from services.router.errors import ApiError
-from services.router.settings import RouterSettings
+from services.router.router_settings import RouterSettings
 
 log = structlog.get_logger("router.ratelimit")
 

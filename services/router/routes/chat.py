@@ -10,8 +10,8 @@ from pydantic import BaseModel
 from services.router.deps import StateDep
 from services.router.errors import bad_request
 from services.router.generation import ChoiceUpdate
+from services.router.generation_response import build_params, new_id, serve_generation
 from services.router.logprobs import chat_logprobs, prompt_logprobs
-from services.router.routes.generate import build_params, new_id, serve_generation
 from services.router.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -28,7 +28,7 @@ from services.router.schemas import (
     ToolCall,
     UsageInfo,
 )
-from services.router.structured import check_spec
+from services.router.structured_fields import check_spec
 from services.router.token_text import TokenText
 from services.router.tool_calls import ToolCallPlan, plan_tool_calls
 from services.router.tool_parsers.base import CallDelta, ExtractedToolCalls, ToolParser

@@ -17,13 +17,13 @@ from pydantic import BaseModel
 from services.router.deps import StateDep
 from services.router.errors import bad_request
 from services.router.generation import ChoiceUpdate, PromptInfo
+from services.router.generation_response import build_params, new_id, serve_generation
 from services.router.logprobs import (
     completion_logprobs,
     concat_logprobs,
     echo_logprobs,
     prompt_logprobs,
 )
-from services.router.routes.generate import build_params, new_id, serve_generation
 from services.router.schemas import (
     CompletionChoice,
     CompletionLogprobs,
@@ -32,7 +32,7 @@ from services.router.schemas import (
     PromptLogprobs,
     UsageInfo,
 )
-from services.router.structured import check_spec
+from services.router.structured_fields import check_spec
 from services.router.token_text import TokenText
 
 router = APIRouter(tags=["completions"])

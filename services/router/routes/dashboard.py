@@ -21,7 +21,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from quire.cluster.registry import ExecutorRecord
+from quire.cluster.redis_keys import ExecutorRecord
 from services.common import tls
 from services.router.deps import StateDep
 from services.router.state import RouterState

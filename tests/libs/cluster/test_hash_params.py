@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quire.cluster.hash_params import HashParams, resolve_hash_params
-from quire.cluster.registry import ExecutorRecord
+from quire.cluster.redis_keys import ExecutorRecord
 
 FALLBACK = HashParams(16, "router-model")
 

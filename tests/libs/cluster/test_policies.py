@@ -15,7 +15,7 @@ from quire.cluster.policies import (
     make_policy,
 )
 from quire.cluster.recent import RecentRoutes
-from quire.cluster.registry import ExecutorLoad, ExecutorRecord
+from quire.cluster.redis_keys import ExecutorLoad, ExecutorRecord
 from quire.cluster.routing import Candidate
 
 PROMPT = list(range(40))

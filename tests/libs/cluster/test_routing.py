@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from quire.block.hashing import hash_full_blocks
-from quire.cluster.registry import ExecutorLoad, ExecutorRecord
+from quire.cluster.redis_keys import ExecutorLoad, ExecutorRecord
 from quire.cluster.routing import (
     Candidate,
     RoutingConfig,

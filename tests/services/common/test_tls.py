@@ -10,8 +10,8 @@ import pytest
 
 from quire.block.tables import BlockTables
 from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
-from services.memory_manager.server import MemoryManagerServer
-from services.memory_manager.settings import Settings
+from services.memory_manager.manager_server import MemoryManagerServer
+from services.memory_manager.manager_settings import Settings
 
 
 def _self_signed(directory: Path) -> tuple[str, str]:

@@ -121,7 +121,7 @@ def test_aborted_response_marks_every_unfinished_output() -> None:
 
 
 def test_load_is_one_record_in_redis_and_in_get_status() -> None:
-    from quire.cluster.registry import ExecutorLoad, ExecutorRecord
+    from quire.cluster.redis_keys import ExecutorLoad, ExecutorRecord
     from services.common.wire.executor import load_from_proto, load_to_proto
 
     load = ExecutorLoad(

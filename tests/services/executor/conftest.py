@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from services.executor.server import ExecutorServer
-from services.executor.settings import ExecutorSettings
+from services.executor.executor_server import ExecutorServer
+from services.executor.executor_settings import ExecutorSettings
 from services.stack.ports import free_port
 from tests.services.conftest import RedisServer, ServiceProcess
 

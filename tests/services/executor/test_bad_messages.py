@@ -7,7 +7,7 @@ import math
 import grpc
 import pytest
 
-from services.executor.server import ExecutorServer
+from services.executor.executor_server import ExecutorServer
 from services.rpc import executor_pb2 as pb
 from tests.services.executor.conftest import LoopThread
 from tests.services.executor.test_generate import PROMPT, generate, status, target

@@ -18,7 +18,7 @@ import pytest
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from quire.cluster.registry import LIVENESS_TTL_S, ExecutorRecord, executor_key, executors_key
+from quire.cluster.redis_keys import LIVENESS_TTL_S, ExecutorRecord, executor_key, executors_key
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc, memory_manager_pb2, memory_manager_pb2_grpc
 from services.stack.ports import free_port

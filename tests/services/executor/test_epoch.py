@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from services.executor.server import new_epoch
+from services.executor.executor_server import new_epoch
 
 
 def test_epochs_grow_across_restarts_and_fit_int63() -> None:

@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import generate_latest
 
 from quire import LLM, SamplingParams
-from services.executor.server import ExecutorServer
+from services.executor.executor_server import ExecutorServer
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
 from tests.services.executor.conftest import NUM_KV_BLOCKS, LoopThread

@@ -11,12 +11,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from quire.block.allocator import AdmitRequest, AppendRequest, ForkRequest, StepAllocation
-from quire.cluster.registry import ExecutorLoad
+from quire.cluster.redis_keys import ExecutorLoad
 from quire.engine.stats import StepStats
-from services.executor.logs import RequestIds, safe_request_id
-from services.executor.metrics import ExecutorMetrics
-from services.executor.server import ExecutorServer
-from services.executor.settings import ExecutorSettings
+from services.executor.executor_logging import RequestIds, safe_request_id
+from services.executor.executor_metrics import ExecutorMetrics
+from services.executor.executor_server import ExecutorServer
+from services.executor.executor_settings import ExecutorSettings
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
 from tests.services.executor.conftest import LoopThread

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from services.executor.settings import ExecutorSettings, parse_settings
+from services.executor.executor_settings import ExecutorSettings, parse_settings
 
 
 @pytest.fixture(autouse=True)

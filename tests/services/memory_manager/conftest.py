@@ -11,8 +11,8 @@ import pytest
 
 from quire.block import BlockTables, StepAllocation, StepAllocationResult
 from services.executor.remote_allocator import RemoteBlockAllocator
-from services.memory_manager.server import MemoryManagerServer
-from services.memory_manager.settings import Settings
+from services.memory_manager.manager_server import MemoryManagerServer
+from services.memory_manager.manager_settings import Settings
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ import pytest
 
 from quire.block import AdmitRequest, AppendRequest, BlockManager, CommitRequest, StepAllocation
 from services.common.wire.memory_manager import result_to_proto, step_to_proto
-from services.memory_manager.servicer import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_SEQ_TOKENS
+from services.memory_manager.manager_servicer import MAX_BLOCK_SIZE, MAX_NUM_BLOCKS, MAX_SEQ_TOKENS
 from services.rpc import memory_manager_pb2 as pb
 from services.rpc import memory_manager_pb2_grpc as pb_grpc
 from tests.services.memory_manager.conftest import ManagerThread

@@ -10,7 +10,7 @@ import pytest
 from quire.block import AdmitRequest, CommitRequest, StepAllocation
 from quire.block.tables import BlockTables
 from services.executor.remote_allocator import RemoteBlockAllocator
-from services.memory_manager import servicer as servicer_module
+from services.memory_manager import manager_servicer as servicer_module
 from services.stack.ports import free_port
 from tests.services.memory_manager.conftest import ManagerThread
 

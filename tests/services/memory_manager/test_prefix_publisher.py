@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from quire.cluster.registry import prefix_key
+from quire.cluster.redis_keys import prefix_key
 from services.memory_manager.prefix_publisher import PrefixPublisher
 from tests.services.conftest import RedisServer
 

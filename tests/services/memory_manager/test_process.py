@@ -13,7 +13,7 @@ from quire.block import (
     ForkRequest,
     hash_full_blocks,
 )
-from quire.cluster.registry import prefix_key
+from quire.cluster.redis_keys import prefix_key
 from services.stack.ports import free_port
 from tests.services.conftest import RedisServer, ServiceProcess, wait_for
 from tests.services.memory_manager.conftest import MirroredAllocator

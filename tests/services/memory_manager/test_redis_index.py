@@ -14,7 +14,7 @@ from quire.block import (
     hash_full_blocks,
 )
 from quire.block.tables import BlockTables
-from quire.cluster.registry import prefix_key
+from quire.cluster.redis_keys import prefix_key
 from services.executor.remote_allocator import RemoteBlockAllocator
 from tests.services.conftest import RedisServer, wait_for
 from tests.services.memory_manager.conftest import ManagerThread

@@ -20,8 +20,9 @@ from quire.block import (
     TableUpdate,
 )
 from quire.block.tables import BlockTables
+from services.common.epochs import StaleEpochError
 from services.common.wire.memory_manager import step_to_proto
-from services.executor.remote_allocator import RemoteBlockAllocator, StaleEpochError
+from services.executor.remote_allocator import RemoteBlockAllocator
 from services.rpc import memory_manager_pb2 as pb
 from services.rpc import memory_manager_pb2_grpc as pb_grpc
 from services.stack.ports import free_port

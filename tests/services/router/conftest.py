@@ -23,7 +23,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from quire.block.hashing import hash_full_blocks
-from quire.cluster.registry import (
+from quire.cluster.redis_keys import (
     ExecutorLoad,
     ExecutorRecord,
     executor_key,
@@ -32,7 +32,7 @@ from quire.cluster.registry import (
 )
 from services.router.main import create_apps
 from services.router.prompts import load_tokenizer
-from services.router.settings import RouterSettings
+from services.router.router_settings import RouterSettings
 from services.router.state import RouterState
 from tests.services.conftest import RedisServer
 from tests.services.router.fake_executor import FakeServer, Script, start_fake

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from quire.block.hashing import hash_full_blocks
-from quire.cluster.registry import ExecutorRecord
+from quire.cluster.redis_keys import ExecutorRecord
 from quire.cluster.routing import Candidate, choose_executor
 from services.stack.ports import free_port
 from tests.services.conftest import RedisServer, wait_for

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from services.router import generation
-from services.router.log import request_id_from_header
+from services.router.router_logging import request_id_from_header
 from tests.services.router.conftest import MODEL_NAME, Cluster
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from services.router.__main__ import parse_settings
-from services.router.settings import RouterSettings
+from services.router.router_settings import RouterSettings
 from tests.services.router.conftest import MODEL_NAME, Cluster
 
 

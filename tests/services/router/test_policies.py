@@ -56,7 +56,7 @@ def test_hash_sends_a_first_block_to_its_ring_owner(cluster: Cluster) -> None:
 
 
 def test_unknown_policy_is_refused_naming_the_flag() -> None:
-    from services.router.settings import RouterSettings
+    from services.router.router_settings import RouterSettings
 
     with pytest.raises(ValueError, match="routing_policy"):
         RouterSettings(routing_policy="random")  # type: ignore[arg-type]
@@ -127,10 +127,10 @@ def test_hash_watch_logs_a_mismatch_once_and_its_end() -> None:
     from structlog.testing import capture_logs
 
     from quire.cluster.hash_params import HashParams
-    from quire.cluster.registry import ExecutorRecord
+    from quire.cluster.redis_keys import ExecutorRecord
     from services.router.directory import ClusterView
     from services.router.hash_watch import HashWatch
-    from services.router.metrics import RouterMetrics
+    from services.router.router_metrics import RouterMetrics
 
     def view(*sizes: int) -> ClusterView:
         records = [

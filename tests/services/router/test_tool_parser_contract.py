@@ -121,7 +121,7 @@ def test_forced_calls_stream_what_they_extract(name: str, text: str) -> None:
 
 @pytest.mark.parametrize("name", tool_parser_names())
 def test_every_format_has_a_grammar_for_the_tools(name: str) -> None:
-    from services.router.structured import check_spec
+    from services.router.structured_fields import check_spec
 
     parser = tool_parser_class(name)
     for parallel in (True, False):

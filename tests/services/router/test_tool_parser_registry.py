@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from quire.structured_params import StructuredOutputParams
 from services.common.wire.executor import params_from_proto
-from services.router.settings import RouterSettings
+from services.router.router_settings import RouterSettings
 from services.router.tool_parsers.base import (
     TOOL_PARSERS,
     CallDelta,

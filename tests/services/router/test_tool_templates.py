@@ -153,7 +153,7 @@ def test_a_template_file_by_path(tmp_path: Path) -> None:
 def test_settings_name_the_template_and_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     from pydantic import ValidationError
 
-    from services.router.settings import RouterSettings
+    from services.router.router_settings import RouterSettings
 
     defaults = RouterSettings()
     assert (defaults.tool_chat_template, defaults.tool_call_parser) == ("auto", "hermes")

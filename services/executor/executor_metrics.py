@@ -15,7 +15,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from quire.cluster.registry import ExecutorLoad
+from quire.cluster.redis_keys import ExecutorLoad
 from quire.engine.stats import StepStats
 
 PREFIX = "quire_executor_"

@@ -12,20 +12,20 @@ import uuid
 
 import structlog
 
-from services.common import jsonlog
+from services.common import json_logging
 
 SERVICE = "router"
 
 
 def configure_logging(level: str) -> None:
     """JSON logs at `level` (debug, info, warning, error) for structlog and stdlib loggers."""
-    jsonlog.configure_logging(SERVICE, level, quiet_stdlib=False)
+    json_logging.configure_logging(SERVICE, level, quiet_stdlib=False)
 
 
 def request_id_from_header(value: str | None) -> str:
     """The client's request id if it is a safe token (<= 128 of [A-Za-z0-9._:/@+=~-]),
     else a fresh one."""
-    return jsonlog.safe_request_id(value) or uuid.uuid4().hex
+    return json_logging.safe_request_id(value) or uuid.uuid4().hex
 
 
 def current_request_id() -> str | None:

@@ -27,7 +27,7 @@ from services.executor.engine_loop import (
     EngineLoop,
     SinkEvent,
 )
-from services.executor.logs import safe_request_id
+from services.executor.executor_logging import safe_request_id
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
 

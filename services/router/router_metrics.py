@@ -12,7 +12,7 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.router.log import request_id_from_header
+from services.router.router_logging import request_id_from_header
 
 _log = structlog.get_logger("router.http")
 # Polled constantly: counted, not logged.

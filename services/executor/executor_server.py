@@ -18,18 +18,18 @@ import structlog
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from quire.cluster.registry import ExecutorRecord
+from quire.cluster.redis_keys import ExecutorRecord
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from services.common import tls
-from services.executor import allocator as alloc
+from services.common.epochs import StaleEpochError
+from services.executor import allocator_factory as alloc
 from services.executor.engine_loop import EngineLoop
+from services.executor.executor_logging import RequestIds, bind_global
+from services.executor.executor_metrics import ExecutorMetrics
+from services.executor.executor_servicer import ExecutorIdentity, ExecutorServicer
+from services.executor.executor_settings import ExecutorSettings
 from services.executor.liveness import LivenessPublisher
-from services.executor.logs import RequestIds, bind_global
-from services.executor.metrics import ExecutorMetrics
-from services.executor.remote_allocator import StaleEpochError
-from services.executor.servicer import ExecutorIdentity, ExecutorServicer
-from services.executor.settings import ExecutorSettings
 from services.rpc import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("quire.executor")

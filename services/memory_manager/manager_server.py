@@ -16,11 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from services.common import tls
-from services.memory_manager.metrics import ManagerMetrics
+from services.memory_manager.manager_metrics import ManagerMetrics
+from services.memory_manager.manager_servicer import MemoryManagerServicer
+from services.memory_manager.manager_settings import Settings
 from services.memory_manager.pools import ExecutorPools
 from services.memory_manager.prefix_publisher import PrefixPublisher
-from services.memory_manager.servicer import MemoryManagerServicer
-from services.memory_manager.settings import Settings
 from services.rpc import memory_manager_pb2, memory_manager_pb2_grpc
 
 log = structlog.get_logger(__name__)

@@ -9,8 +9,8 @@ import structlog
 
 from quire.block.allocator import BlockAllocator, StepAllocation
 from quire.block.tables import BlockTables
+from services.executor.executor_settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
 from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
-from services.executor.settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
 
 log = structlog.get_logger("quire.executor.allocator")
 

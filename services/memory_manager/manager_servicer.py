@@ -16,19 +16,15 @@ from typing import NoReturn
 import grpc
 import structlog
 
+from services.common.epochs import StaleEpochError
 from services.common.wire.memory_manager import (
     live_from_proto,
     result_to_proto,
     stats_to_proto,
     step_from_proto,
 )
-from services.memory_manager.metrics import ManagerMetrics
-from services.memory_manager.pools import (
-    ExecutorPool,
-    ExecutorPools,
-    StaleEpochError,
-    UnknownExecutorError,
-)
+from services.memory_manager.manager_metrics import ManagerMetrics
+from services.memory_manager.pools import ExecutorPool, ExecutorPools, UnknownExecutorError
 from services.memory_manager.prefix_publisher import PrefixPublisher
 from services.rpc import memory_manager_pb2 as pb
 from services.rpc import memory_manager_pb2_grpc as pb_grpc

@@ -8,16 +8,16 @@ memory manager as `x-request-ids` metadata on the Step call (`RequestIds`).
 from __future__ import annotations
 
 from quire.block.allocator import StepAllocation
-from services.common import jsonlog
+from services.common import json_logging
 
 MAX_STEP_REQUEST_IDS = 32  # most ids sent with one Step call (a decode step touches all)
-bind_global = jsonlog.bind_global
-safe_request_id = jsonlog.safe_request_id
+bind_global = json_logging.bind_global
+safe_request_id = json_logging.safe_request_id
 
 
 def configure_logging(level: str = "info", service: str = "executor") -> None:
     """JSON logs to stderr at `level`; the stdlib loggers (grpc, ...) go there as JSON too."""
-    jsonlog.configure_logging(service, level)
+    json_logging.configure_logging(service, level)
 
 
 class RequestIds:
