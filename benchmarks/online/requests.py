@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from quire_tools.workloads.lengths import lognormal_lengths
 
 from benchmarks.common.workload import LENGTH_SIGMA, random_token_ids, sample_sharegpt
-from quire.workloads.lengths import lognormal_lengths
 
 
 @dataclass(frozen=True)

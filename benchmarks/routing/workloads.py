@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from quire.workloads import sharegpt
+from quire_tools.workloads import sharegpt
 
 WORKLOADS = ("multi-turn", "tenants")
 

@@ -10,7 +10,7 @@ from quire.cluster.hash_params import HashParams
 from quire.cluster.policies import make_policy
 from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import RoutingConfig
-from quire.model.config import ModelConfig
+from quire.model.model_config import ModelConfig
 from services.router.admission.rate_limits import RateLimiter
 from services.router.admission.slots import Admission
 from services.router.directory import ExecutorDirectory

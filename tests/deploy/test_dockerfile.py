@@ -94,7 +94,7 @@ def test_runtime_is_non_root_with_stubs_and_model_built_in() -> None:
     flags = "-Iprotos --python_out=. --grpc_python_out=. --pyi_out=."
     assert flags in makefile.replace("\t", "")
     assert f"grpc_tools.protoc {flags} protos/services/rpc/*.proto" in build
-    assert "quire.tools.gguf_convert --out /models/smollm2-135m-instruct" in build
+    assert "quire_tools.gguf_convert --out /models/smollm2-135m-instruct" in build
     assert CONTAINER_CONFIG.model == "/models/smollm2-135m-instruct"
 
 

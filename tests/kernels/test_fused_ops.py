@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from quire.kernels import cpp_attention, reference_fused
-from quire.model.config import RopeConfig
+from quire.model.model_config import RopeConfig
 from quire.model.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from quire_tools.workloads.lengths import lognormal_length
 
 from loadtests.workload import (
     LoadConfig,
@@ -15,7 +16,6 @@ from loadtests.workload import (
     tenant_system_prompts,
     words_for,
 )
-from quire.workloads.lengths import lognormal_length
 from services.router.prompts import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ import torch
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
 from quire.engine.model_runner import kv_bytes_per_block
 from quire.model.checkpoint import resolve_model_path
-from quire.model.config import ModelConfig
 from quire.model.llama import LlamaModel
 from quire.model.loader import load_checkpoint
+from quire.model.model_config import ModelConfig
 
 
 @dataclass(frozen=True)

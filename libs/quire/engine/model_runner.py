@@ -27,8 +27,8 @@ from quire.engine.sampler import SampleRow, sample
 from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
 from quire.model.attention import AttentionMetadata
-from quire.model.config import ModelConfig
 from quire.model.llama import KVCache, LlamaModel
+from quire.model.model_config import ModelConfig
 from quire.outputs import Logprob
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quire.model.config import SUPPORTED_ARCHITECTURES
+from quire.model.model_config import SUPPORTED_ARCHITECTURES
 
 
 def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str | None:

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 
 import quire.kernels as kernels
 from quire.model.attention import AttentionMetadata, PagedAttention
-from quire.model.config import ModelConfig
 from quire.model.linear import Linear, head_backend, linear_backend
+from quire.model.model_config import ModelConfig
 from quire.model.rope import RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # key, value: [num_blocks, block_size, kv_heads, D]

@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from quire.model.checkpoint import resolve_model_path, safetensors_files
-from quire.model.config import ModelConfig
+from quire.model.model_config import ModelConfig
 
 
 def load_state_dict(

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from quire.model.config import RopeConfig
+from quire.model.model_config import RopeConfig
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> torch.Tensor:

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from quire_tools.workloads import sharegpt
 
 from benchmarks.gpu import check
 from benchmarks.gpu.kit import build_checkpoint, read_kit, write_kit
-from quire.workloads import sharegpt
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"
@@ -27,7 +27,7 @@ def test_kit_holds_the_model_without_weights_and_the_sampled_requests(kit: Path)
     manifest = json.loads((kit / "kit.json").read_text())
     assert manifest["requests"] == {
         "source": str(REPO / sharegpt.DEFAULT_PATH),
-        "rule": "vLLM's ShareGPT sampling (quire.workloads.sharegpt.sample_requests)",
+        "rule": "vLLM's ShareGPT sampling (quire_tools.workloads.sharegpt.sample_requests)",
         "seed": 3,
         "num_requests": 6,
     }

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from quire_tools.make_model import make_checkpoint
 
 from benchmarks.offline import workloads
 from benchmarks.offline.quire_run import run_quire
 from quire import LLM
-from quire.tools.make_model import make_checkpoint
 from tests.benchmarks.entry import run_quick
 
 REPO = Path(__file__).resolve().parents[3]

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from quire_tools.workloads.lengths import lognormal_lengths
 from tokenizers import Tokenizer
 
 from benchmarks.common.workload import LENGTH_SIGMA
@@ -18,7 +19,6 @@ from benchmarks.online.requests import (
     shared_prefix_ids,
     sharegpt_requests,
 )
-from quire.workloads.lengths import lognormal_lengths
 
 
 def args_for(*flags: str) -> Any:

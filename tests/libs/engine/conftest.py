@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from quire.tools.make_model import make_checkpoint
+from quire_tools.make_model import make_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"

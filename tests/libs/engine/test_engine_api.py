@@ -109,7 +109,7 @@ def test_streaming_is_incremental_and_abort_frees_blocks(llm: LLM) -> None:
 
 
 def test_sharded_checkpoint_loads_identically(tmp_path: Path, tiny_model: Path) -> None:
-    from quire.tools.make_model import make_checkpoint
+    from quire_tools.make_model import make_checkpoint
 
     sharded = make_checkpoint(tmp_path / "sharded", "tiny", shard_size_bytes=400_000)
     assert (sharded / "model.safetensors.index.json").is_file()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from quire.model.checkpoint import checkpoint_problem, resolve_model_path
-from quire.model.config import SUPPORTED_ARCHITECTURES
+from quire.model.model_config import SUPPORTED_ARCHITECTURES
 
 TINY = Path(__file__).resolve().parents[3] / "models" / "quire-tiny"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from quire.model.config import SUPPORTED_ARCHITECTURES
+from quire.model.model_config import SUPPORTED_ARCHITECTURES
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"

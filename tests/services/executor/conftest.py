@@ -26,7 +26,7 @@ T = TypeVar("T")
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
     if not (TINY / "config.json").is_file():
-        from quire.tools.make_model import make_checkpoint
+        from quire_tools.make_model import make_checkpoint
 
         make_checkpoint(TINY, "tiny")
     return TINY

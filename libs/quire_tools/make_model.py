@@ -5,7 +5,7 @@ file, and the weights are drawn from per-tensor seeded CPU generators, so every 
 same bytes. Used by tests (engine output is compared token-for-token with transformers) and by
 benchmarks.
 
-    python -m quire.tools.make_model --preset tiny --out models/quire-tiny
+    python -m quire_tools.make_model --preset tiny --out models/quire-tiny
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from quire.tools.bpe_tokenizer import (  # noqa: F401  (re-exported: the ids tests use)
+from quire_tools.bpe_tokenizer import (  # noqa: F401  (re-exported: the ids tests use)
     BOS_ID,
     CORPUS_PATH,
     EOS_ID,
@@ -35,7 +35,7 @@ from quire.tools.bpe_tokenizer import (  # noqa: F401  (re-exported: the ids tes
     tokenizer_style,
     write_tokenizer,
 )
-from quire.tools.checkpoint_dir import write_json, written_whole
+from quire_tools.checkpoint_dir import write_json, written_whole
 
 logger = logging.getLogger(__name__)
 
@@ -325,7 +325,7 @@ def make_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command-line entry point: ``python -m quire.tools.make_model --preset tiny --out DIR``."""
+    """Command-line entry point: ``python -m quire_tools.make_model --preset tiny --out DIR``."""
     parser = argparse.ArgumentParser(description="Generate a random-weight checkpoint.")
     parser.add_argument("--preset", required=True, choices=sorted(PRESETS))
     parser.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")

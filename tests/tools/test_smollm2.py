@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from quire_tools import gguf_convert
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from quire import LLM, SamplingParams
-from quire.tools import gguf_convert
 
 REPO = Path(__file__).resolve().parents[3]
 SMOLLM2 = REPO / "models" / "smollm2-135m-instruct"

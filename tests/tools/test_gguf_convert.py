@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as QType
+from quire_tools import gguf_convert
 from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from quire.model.config import ModelConfig
-from quire.tools import gguf_convert
+from quire.model.model_config import ModelConfig
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
 HEAD_DIM = HIDDEN // HEADS

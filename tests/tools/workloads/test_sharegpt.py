@@ -9,8 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-
-from quire.workloads import sharegpt
+from quire_tools.workloads import sharegpt
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"

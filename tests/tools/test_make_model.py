@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from quire_tools import make_model
+from quire_tools.make_model import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, PAD_ID, VOCAB_SIZE
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
-
-from quire.tools import make_model
-from quire.tools.make_model import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, PAD_ID, VOCAB_SIZE
 
 TEST_PRESETS = ["tiny", "tiny-mqa", "tiny-qwen2", "tiny-mistral"]
 # Mixed scripts, emoji with ZWJ, a decomposed accent (non-NFC), tabs and runs of spaces.
@@ -37,7 +36,7 @@ def test_generation_is_byte_identical_across_runs_and_processes(
     # The CLI runs in a fresh process, so the tokenizer trainer's hash seeds differ too.
     cli_out = tmp_path / "cli-tiny"
     subprocess.run(
-        [sys.executable, "-m", "quire.tools.make_model", "--preset", "tiny", "--out", str(cli_out)],
+        [sys.executable, "-m", "quire_tools.make_model", "--preset", "tiny", "--out", str(cli_out)],
         check=True,
         capture_output=True,
     )

@@ -1,12 +1,11 @@
-"""quire.workloads.lengths: the mean is the mean (not the median), caps hold for both draws."""
+"""quire_tools.workloads.lengths: the mean is the mean (not the median), caps hold for both draws."""
 
 from __future__ import annotations
 
 import random
 
 import numpy as np
-
-from quire.workloads.lengths import lognormal_length, lognormal_lengths
+from quire_tools.workloads.lengths import lognormal_length, lognormal_lengths
 
 
 def test_array_draws_keep_the_mean_and_the_caps() -> None:

@@ -22,7 +22,7 @@ from tokenizers import (
     trainers,
 )
 
-from quire.tools.checkpoint_dir import write_json
+from quire_tools.checkpoint_dir import write_json
 
 CORPUS_PATH = Path(__file__).with_name("corpus.txt")
 VOCAB_SIZE = 4096
