@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic_settings import BaseSettings
 
 from services.common.cli import setting_names
+from services.common.generated_files import write_or_check
 from services.executor.executor_settings import ExecutorSettings
 from services.memory_manager.manager_settings import Settings as MemoryManagerSettings
 from services.router.router_settings import RouterSettings
@@ -136,17 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
     parser.add_argument("--doc", type=Path, default=DOC, help="the file to write")
     args = parser.parse_args(argv)
-    current = args.doc.read_text()
-    text = render(current)
-    if args.check:
-        if text != current:
-            print(f"{args.doc} is out of date: run `make docs-config`", file=sys.stderr)
-            return 1
-        return 0
-    if text != current:
-        args.doc.write_text(text)
-    print(f"{args.doc.name}: {'unchanged' if text == current else 'written'}")
-    return 0
+    return write_or_check(args.doc, render(args.doc.read_text()), args.check, "make docs-config")
 
 
 if __name__ == "__main__":

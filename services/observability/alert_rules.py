@@ -11,12 +11,12 @@ unchanged; a test fails while the two differ.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from services.common.generated_files import generator_main
 
 REPO = Path(__file__).resolve().parents[2]
 ALERTS_FILE = REPO / "deploy" / "prometheus" / "alerts.yml"
@@ -72,21 +72,8 @@ def render(alerts_file: Path = ALERTS_FILE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.observability.alert_rules")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    current = RULE_FILE.read_text() if RULE_FILE.is_file() else ""
-    name = RULE_FILE.relative_to(REPO)
-    if args.check:
-        if current != text:
-            print(f"{name} is out of date: run `python -m {__spec__.name}`", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        RULE_FILE.write_text(text)
-    print(f"{name}: {'unchanged' if current == text else 'written'}")
-    return 0
+    prog = "services.observability.alert_rules"
+    return generator_main(prog, RULE_FILE, render, f"python -m {prog}", argv)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@ services serve. The naming scheme (docs/observability.md) is checked here too.
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
+from services.common.generated_files import generator_main
 from services.executor.executor_metrics import ExecutorMetrics
 from services.memory_manager.manager_metrics import ManagerMetrics
 from services.router.router_metrics import RouterMetrics
@@ -197,21 +196,8 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.observability.metrics_reference")
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
-    args = parser.parse_args(argv)
-    text = render()
-    current = REFERENCE_FILE.read_text() if REFERENCE_FILE.is_file() else ""
-    name = REFERENCE_FILE.relative_to(REPO)
-    if args.check:
-        if current != text:
-            print(f"{name} is out of date: run `make docs-metrics`", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        REFERENCE_FILE.write_text(text)
-    print(f"{name}: {'unchanged' if current == text else 'written'}")
-    return 0
+    prog = "services.observability.metrics_reference"
+    return generator_main(prog, REFERENCE_FILE, render, "make docs-metrics", argv)
 
 
 if __name__ == "__main__":

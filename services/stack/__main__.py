@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from services.common.generated_files import write_or_check
 from services.stack.runner import Stack, StackError, stop_from_pid_file
 from services.stack.spec import StackConfig
 
@@ -61,17 +62,7 @@ def write_compose(check: bool = False) -> int:
     """Render compose.yaml from the process list (or, with `check`, compare it)."""
     from services.stack.compose import COMPOSE_FILE, render
 
-    text = render()
-    current = COMPOSE_FILE.read_text() if COMPOSE_FILE.is_file() else ""
-    if check:
-        if current != text:
-            print("compose.yaml is out of date: run `make compose`", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        COMPOSE_FILE.write_text(text)
-    print(f"{COMPOSE_FILE.name}: {'unchanged' if current == text else 'written'}")
-    return 0
+    return write_or_check(COMPOSE_FILE, render(), check, "make compose")
 
 
 if __name__ == "__main__":
