@@ -189,34 +189,34 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
         self, request: pb.GetStatsRequest, context: grpc.aio.ServicerContext
     ) -> pb.PoolStats:
         """Counters of the executor's pool."""
-        pool = self.pools.find(request.executor_id)
-        if pool is None:
-            await self._abort(
-                context,
-                "GetStats",
-                grpc.StatusCode.NOT_FOUND,
-                f"executor not registered: {request.executor_id!r}",
-            )
+        pool = await self._any_pool(request.executor_id, context, "GetStats")
         return stats_to_proto(pool.manager.stats())
 
     async def GetBlockStates(  # noqa: N802
         self, request: pb.GetBlockStatesRequest, context: grpc.aio.ServicerContext
     ) -> pb.BlockStates:
         """One state byte per block of the executor's pool, and its counters."""
-        pool = self.pools.find(request.executor_id)
-        if pool is None:
-            await self._abort(
-                context,
-                "GetBlockStates",
-                grpc.StatusCode.NOT_FOUND,
-                f"executor not registered: {request.executor_id!r}",
-            )
+        pool = await self._any_pool(request.executor_id, context, "GetBlockStates")
         return pb.BlockStates(
             states=pool.manager.block_states(),
             stats=stats_to_proto(pool.manager.stats()),
             epoch=pool.epoch,
             block_size=pool.manager.block_size,
         )
+
+    async def _any_pool(
+        self, executor_id: str, context: grpc.aio.ServicerContext, method: str
+    ) -> ExecutorPool:
+        """The executor's pool whatever its epoch (reads), or NOT_FOUND."""
+        pool = self.pools.find(executor_id)
+        if pool is None:
+            await self._abort(
+                context,
+                method,
+                grpc.StatusCode.NOT_FOUND,
+                f"executor not registered: {executor_id!r}",
+            )
+        return pool
 
     async def _pool(
         self, executor_id: str, epoch: int, context: grpc.aio.ServicerContext, method: str

@@ -28,7 +28,7 @@ from services.router.tool_parsers.base import (
     ToolParser,
     new_call_id,
 )
-from services.router.tool_parsers.json_text import json_value_end
+from services.router.tool_parsers.json_text import read_arguments
 from services.router.tool_schemas import Tool
 
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -136,13 +136,8 @@ class RequiredCallsParser(_ForcedParser):
                 self._open, self._args_start = call.index, head.end()
                 out.calls.append(CallDelta(call.index, "", call.id, name))
             call = self.calls[self._open]
-            while (
-                not call.arguments and self.text[self._args_start : self._args_start + 1].isspace()
-            ):
-                self._args_start += 1  # the head matched before the space after its colon
-            end = json_value_end(self.text, self._args_start)
-            stop = len(self.text) if end is None else end
-            new = self.text[self._args_start + len(call.arguments) : stop]
+            # (the head matched before any space after its colon, which this skips)
+            self._args_start, end, new = read_arguments(self.text, self._args_start, call.arguments)
             if new:
                 call.arguments += new
                 out.calls.append(CallDelta(call.index, new))

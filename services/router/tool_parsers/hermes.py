@@ -29,7 +29,7 @@ from services.router.tool_parsers.base import (
     new_call_id,
     register_tool_parser,
 )
-from services.router.tool_parsers.json_text import json_value_end
+from services.router.tool_parsers.json_text import read_arguments
 from services.router.tool_schemas import Tool
 
 HERMES_OPEN = "<tool_call>"
@@ -142,13 +142,7 @@ class HermesToolParser(ToolParser):
             return True
         if self._state == "arguments":
             call = self.calls[-1]
-            while (
-                not call.arguments and self.text[self._args_start : self._args_start + 1].isspace()
-            ):
-                self._args_start += 1
-            end = json_value_end(self.text, self._args_start)
-            stop = len(self.text) if end is None else end
-            new = self.text[self._args_start + len(call.arguments) : stop]
+            self._args_start, end, new = read_arguments(self.text, self._args_start, call.arguments)
             if new:
                 call.arguments += new
                 out.calls.append(CallDelta(call.index, new))

@@ -33,3 +33,17 @@ def json_value_end(text: str, start: int) -> int | None:
             return i if i > start else None
         i += 1
     return None
+
+
+def read_arguments(text: str, start: int, arguments: str) -> tuple[int, int | None, str]:
+    """How far a call's JSON arguments, starting at `start` in `text` (still being written),
+    have come since `arguments` were read: (start, end, new).
+
+    White space before the value is skipped while nothing is read (`start` moves past it);
+    `end` is just past the value, None while it is unfinished; `new` is the text after
+    `arguments` up to `end` or, unfinished, to the end of `text`."""
+    while not arguments and text[start : start + 1].isspace():
+        start += 1
+    end = json_value_end(text, start)
+    stop = len(text) if end is None else end
+    return start, end, text[start + len(arguments) : stop]
