@@ -32,6 +32,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from quire.cluster.redis_keys import ExecutorRecord
+from quire.config import engine_default
 
 REASONS = ("prefix_hit", "consistent_hash", "load_balance", "prefix_capped")
 
@@ -40,7 +41,7 @@ REASONS = ("prefix_hit", "consistent_hash", "load_balance", "prefix_capped")
 class RoutingConfig:
     """Knobs of the policy; the defaults suit executors of equal size."""
 
-    block_size: int = 16  # tokens per KV block (must match the executors)
+    block_size: int = engine_default("block_size")  # tokens per KV block (the executors')
     load_cost_tokens: float = 16.0  # score cost of one running/waiting request, in cached tokens
     kv_cost_tokens: float = 64.0  # score cost of a full KV cache (scaled by the used fraction)
     max_load_gap: int = 4  # an executor this many requests above the least loaded ...
