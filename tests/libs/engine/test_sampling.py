@@ -156,21 +156,3 @@ def test_repetition_penalty_matches_transformers(tiny_model: Path, llm: LLM) -> 
         .token_ids
     )
     assert_matches_reference(got, ref, "repetition_penalty=1.3")
-
-
-def test_frequency_penalty_reduces_repetition(llm: LLM) -> None:
-    def repeats(params: SamplingParams) -> int:
-        toks = llm.generate([ids(8, 9)], params, use_tqdm=False)[0].outputs[0].token_ids
-        return len(toks) - len(set(toks))
-
-    plain = repeats(SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
-    penalized = repeats(
-        SamplingParams(
-            temperature=0,
-            max_tokens=60,
-            ignore_eos=True,
-            frequency_penalty=2.0,
-            presence_penalty=2.0,
-        )
-    )
-    assert penalized <= plain
