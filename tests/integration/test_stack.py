@@ -61,11 +61,10 @@ def test_streaming_completion_concatenates_to_the_same_text(
     )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert text == ref[0].outputs[0].text
-    assert (
-        chunks[-1].usage is not None
-        and chunks[-1].usage.completion_tokens == 30
-        or (ref[0].outputs[0].finish_reason == "stop")
-    )
+    usage = chunks[-1].usage  # the last chunk, whether the output ran to 30 tokens or stopped
+    assert usage is not None
+    assert usage.completion_tokens == len(ref[0].outputs[0].token_ids)
+    assert usage.prompt_tokens == len(ref[0].prompt_token_ids)
 
 
 def test_chat_streaming_and_not(client: openai.OpenAI, offline: LLM) -> None:
@@ -102,6 +101,12 @@ def test_n3_stop_strings_and_token_id_prompts(client: openai.OpenAI, offline: LL
         model=MODEL, prompt="Three ways", n=3, max_tokens=10, temperature=1.0, seed=7
     )
     assert sorted(c.index for c in three.choices) == [0, 1, 2]
+    # Seeded: each choice is the offline engine's output of the same index, token for token.
+    seeded = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10)
+    ref_three = offline.generate(["Three ways"], seeded, use_tqdm=False)[0].outputs
+    by_index = {c.index: c.text for c in three.choices}
+    assert by_index == {o.index: o.text for o in ref_three}
+    assert len(set(by_index.values())) > 1, "three seeded samples at temperature 1 coincide"
 
     base = client.completions.create(model=MODEL, prompt="A stop", max_tokens=40, temperature=0)
     text = base.choices[0].text

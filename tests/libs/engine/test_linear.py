@@ -145,10 +145,15 @@ def test_packed_float32_engine_gives_the_torch_backends_greedy_tokens(
 
 
 def test_packed_backend_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for by name, the packed backend runs where its kernels run and is a clear error
+    where they do not (never a silent fallback), whichever this machine is."""
     if kernel_backends.packed_linear(torch.bfloat16) is not None:
         layer = Linear(torch.randn(70, 8).to(torch.bfloat16), None, "packed")
         assert layer(torch.randn(3, 8).to(torch.bfloat16)).shape == (3, 70)
         assert linear_backend(torch.bfloat16, CPU, "packed") == "packed"
+    else:
+        with pytest.raises(ValueError, match="packed needs the C\\+\\+ kernels"):
+            linear_backend(torch.bfloat16, CPU, "packed")
     with pytest.raises(ValueError, match="packed"):
         linear_backend(torch.float16, CPU, "packed")
 
