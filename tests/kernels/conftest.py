@@ -18,6 +18,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--device") != "cpu":
         return
     os.environ["TRITON_INTERPRET"] = "1"
+    _build_cpp_kernels()
     imported_early = [name for name in _KERNEL_MODULES if name in sys.modules]
     if imported_early and not all(sys.modules[name].IS_INTERPRETED for name in imported_early):
         raise pytest.UsageError(
@@ -38,3 +39,22 @@ def _cuda_is_available(device: str) -> None:
 
     if device == "cuda" and not torch.cuda.is_available():
         pytest.fail("--device cuda but torch.cuda.is_available() is False", pytrace=False)
+
+
+def _build_cpp_kernels() -> None:
+    """Compile this CPU's C++ kernels if they are missing or older than their sources, before
+    the test modules ask whether they load: an edited .cpp is tested, never skipped. A build
+    that fails stops the run with the compiler's error (on stderr above)."""
+    import subprocess
+
+    from quire.kernels import cpp_build
+
+    march = cpp_build.native_march()
+    if cpp_build.is_up_to_date(march):
+        return
+    try:
+        cpp_build.build(march)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise pytest.UsageError(
+            f"the C++ CPU kernels do not build for -march={march or 'default'}: {exc}"
+        ) from exc
