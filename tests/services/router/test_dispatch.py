@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from typing import Any
 
 from quire.block.hashing import hash_full_blocks
-from quire.cluster.redis_keys import ExecutorRecord
-from quire.cluster.routing import Candidate, choose_executor
 from services.stack.ports import free_port
 from tests.services.conftest import RedisServer, wait_for
 from tests.services.router.conftest import MODEL_NAME, Cluster, RouterHandle
@@ -23,11 +23,19 @@ def served_by(router: RouterHandle, prompt: Any, **kwargs: Any) -> str:
 
 
 def consistent_choice(ids: list[str], prompt: list[int]) -> str:
+    """Where rendezvous hashing puts a prompt among idle executors, written from its
+    definition rather than taken from the router's library: the key is the prompt's first
+    full block's chained hash (its token ids as little-endian uint32s when it has none), each
+    executor weighs the first 8 bytes of blake2b(key, 0, its id) as a little-endian integer,
+    and the heaviest wins."""
     hashes = hash_full_blocks(prompt, 16, MODEL_NAME)
-    candidates = [Candidate(ExecutorRecord(e, "-", 7, MODEL_NAME)) for e in ids]
-    decision = choose_executor(candidates, hashes, prompt)
-    assert decision is not None and decision.reason == "consistent_hash"
-    return decision.executor_id
+    key = hashes[0] if hashes else struct.pack(f"<{len(prompt)}I", *prompt)
+
+    def weight(executor_id: str) -> int:
+        digest = hashlib.blake2b(key + b"\x00" + executor_id.encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little")
+
+    return max(ids, key=weight)
 
 
 def test_shared_prefix_goes_to_the_holder(cluster: Cluster) -> None:
