@@ -2,57 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
 
 from quire.block import (
     AdmitRequest,
-    AppendRequest,
     BlockAllocator,
     BlockManager,
-    CommitRequest,
     ForkRequest,
     LocalBlockAllocator,
     StepAllocation,
-    StepAllocationResult,
 )
-from tests.libs.block.mirror import checked_step
-
-BS = 4
-
-
-def admit(seq_id: str, tokens: Sequence[int], extra_key: str = "") -> AdmitRequest:
-    return AdmitRequest(seq_id, tuple(tokens), extra_key)
-
-
-def append(seq_id: str, tokens: Sequence[int] = ()) -> AppendRequest:
-    return AppendRequest(seq_id, tuple(tokens))
-
-
-def commit(seq_id: str, num_computed_tokens: int) -> CommitRequest:
-    return CommitRequest(seq_id, num_computed_tokens)
-
-
-def run(manager: BlockManager, **fields: object) -> StepAllocationResult:
-    result = checked_step(manager, StepAllocation(**fields))  # type: ignore[arg-type]
-    manager.check_integrity()
-    return result
-
-
-def refcounts(manager: BlockManager) -> list[int]:
-    return [manager.pool.refcount(b) for b in range(manager.num_blocks)]
+from tests.libs.block.steps import BS, A, B, admit, append, commit, refcounts, run
 
 
 def snapshot(manager: BlockManager) -> object:
     seqs = {s: manager.block_table(s) for s in ("a", "b", "c", "x") if manager.has_seq(s)}
     hashes = [manager.pool.block_hash(b) for b in range(manager.num_blocks)]
     return seqs, refcounts(manager), manager.pool.free_block_ids(), hashes, manager.stats()
-
-
-A = list(range(100, 110))  # 10 tokens: 2 full blocks + 2
-B = list(range(200, 210))
 
 
 def test_local_allocator_is_block_manager() -> None:

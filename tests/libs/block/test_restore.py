@@ -7,21 +7,12 @@ from collections.abc import Sequence
 import pytest
 
 from quire.block import (
-    AdmitRequest,
-    AppendRequest,
     BlockManager,
-    CommitRequest,
     ForkRequest,
     LiveSequenceState,
-    StepAllocation,
-    StepAllocationResult,
     hash_full_blocks,
 )
-from tests.libs.block.mirror import checked_step
-
-BS = 4
-A = list(range(100, 110))  # 10 tokens: 2 full blocks + 2
-B = list(range(200, 210))
+from tests.libs.block.steps import BS, A, B, admit, append, commit, refcounts, run
 
 
 def live(
@@ -32,16 +23,6 @@ def live(
     extra_key: str = "",
 ) -> LiveSequenceState:
     return LiveSequenceState(seq_id, tuple(tokens), tuple(table), num_computed, extra_key)
-
-
-def run(manager: BlockManager, **fields: object) -> StepAllocationResult:
-    result = checked_step(manager, StepAllocation(**fields))  # type: ignore[arg-type]
-    manager.check_integrity()
-    return result
-
-
-def refcounts(manager: BlockManager) -> list[int]:
-    return [manager.pool.refcount(b) for b in range(manager.num_blocks)]
 
 
 def restored(states: list[LiveSequenceState], num_blocks: int = 10, **kw: bool) -> BlockManager:
@@ -96,23 +77,23 @@ def test_prefix_caching_disabled_registers_nothing() -> None:
 def test_steps_continue_after_restore() -> None:
     m = restored([live("a", A[:6], [3, 5], 6), live("b", A[:6], [3, 5], 6)])
     # The shared partial block is copied on the first write (into the first free block).
-    result = run(m, appends=(AppendRequest("a", (1,)), AppendRequest("b", (2,))))
+    result = run(m, appends=(append("a", [1]), append("b", [2])))
     assert result.copies == [(5, 0)]
     assert result.block_tables == {"a": [3, 0], "b": [3, 5]}
     # a's full first block was computed: a new prompt hits it.
-    result = run(m, admits=(AdmitRequest("x", tuple(A[:4] + [9, 9])),))
+    result = run(m, admits=(admit("x", A[:4] + [9, 9]),))
     assert result.block_tables == {"x": [3, 1]}
     assert result.num_cached_tokens == {"x": 4}
     # Commits extend the restored hash chain; forks and frees work as usual.
-    run(m, commits=(CommitRequest("a", 7),), forks=(ForkRequest("a", "a2"),), frees=("b",))
+    run(m, commits=(commit("a", 7),), forks=(ForkRequest("a", "a2"),), frees=("b",))
     assert refcounts(m)[:6] == [2, 1, 0, 3, 0, 0]
 
 
 def test_restore_of_same_state_matches_the_original_manager() -> None:
     original = BlockManager(num_blocks=10, block_size=BS)
-    run(original, admits=(AdmitRequest("a", tuple(A)), AdmitRequest("b", tuple(B[:5]))))
-    run(original, commits=(CommitRequest("a", 10), CommitRequest("b", 5)))
-    run(original, forks=(ForkRequest("a", "c"),), appends=(AppendRequest("b", (1, 2, 3)),))
+    run(original, admits=(admit("a", A), admit("b", B[:5])))
+    run(original, commits=(commit("a", 10), commit("b", 5)))
+    run(original, forks=(ForkRequest("a", "c"),), appends=(append("b", [1, 2, 3]),))
     states = [
         live(s, A if s != "b" else B[:5] + [1, 2, 3], original.block_table(s), n)
         for s, n in (("a", 10), ("b", 5), ("c", 10))
@@ -171,10 +152,10 @@ def test_invalid_live_sequences_raise_and_change_nothing(
 
 def test_restore_needs_an_empty_manager() -> None:
     m = BlockManager(num_blocks=10, block_size=BS)
-    run(m, admits=(AdmitRequest("a", tuple(A)),))
+    run(m, admits=(admit("a", A),))
     with pytest.raises(ValueError, match="not empty"):
         m.restore([])
-    run(m, commits=(CommitRequest("a", 10),), frees=("a",))
+    run(m, commits=(commit("a", 10),), frees=("a",))
     with pytest.raises(ValueError, match="not empty"):  # cached blocks remain
         m.restore([])
     assert m.stats().num_blocks_cached == 2

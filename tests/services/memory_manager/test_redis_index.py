@@ -18,11 +18,8 @@ from quire.cluster.redis_keys import prefix_key
 from services.executor.remote_allocator import RemoteBlockAllocator
 from tests.services.conftest import RedisServer, wait_for
 from tests.services.memory_manager.conftest import ManagerThread
+from tests.services.memory_manager.prompts import BS, A, B, C
 
-BS = 4
-A = tuple(range(100, 110))  # 2 full blocks + 2
-B = tuple(range(200, 212))  # 3 full blocks
-C = tuple(range(300, 312))
 D = tuple(range(400, 408))
 HA, HB = hash_full_blocks(A, BS), hash_full_blocks(B, BS)
 

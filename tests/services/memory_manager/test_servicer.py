@@ -28,10 +28,7 @@ from services.rpc import memory_manager_pb2_grpc as pb_grpc
 from services.stack.ports import free_port
 from tests.services.conftest import grpc_health_status
 from tests.services.memory_manager.conftest import ManagerThread
-
-BS = 4
-A = tuple(range(100, 110))  # 10 tokens: 2 full blocks + 2
-B = tuple(range(200, 212))  # 12 tokens: 3 full blocks
+from tests.services.memory_manager.prompts import BS, A, B
 
 # Prefix hit, fork + copy-on-write, a full pool (not_admitted), preemption, frees.
 SCENARIO = [
