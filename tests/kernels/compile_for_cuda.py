@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
 
 import torch
 import triton
@@ -23,11 +22,21 @@ from quire.kernels import triton_attention, triton_cache
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+# The kernels' index arguments and their element types; every other *_ptr points at the
+# dtype's data.
+INDEX_POINTERS = {
+    "block_tables_ptr": "*i32",
+    "context_lens_ptr": "*i32",
+    "cu_query_lens_ptr": "*i32",
+    "slot_mapping_ptr": "*i64",
+    "cache_ptrs_ptr": "*i64",
+    "block_mapping_ptr": "*i64",
+}
 
 
 def _compile(
     kernel: triton.JITFunction,
-    pointer_type: Callable[[str], str | None],
+    dtype: str,
     constexprs: dict[str, object],
     num_warps: int,
     num_stages: int = 2,
@@ -43,7 +52,7 @@ def _compile(
             signature[name] = "constexpr"
             constants[name] = 1
         else:
-            signature[name] = pointer_type(name) or ("fp32" if name == "scale_log2e" else "i32")
+            signature[name] = _argument_type(name, dtype)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     triton.compile(
         source, target=TARGET, options={"num_warps": num_warps, "num_stages": num_stages}
@@ -51,22 +60,10 @@ def _compile(
     print(f"ok {kernel.__name__} {constexprs} num_warps={num_warps}")
 
 
-def _attention_pointers(dtype: str) -> Callable[[str], str | None]:
-    def pointer_type(name: str) -> str | None:
-        if name in ("block_tables_ptr", "context_lens_ptr", "cu_query_lens_ptr"):
-            return "*i32"
-        return f"*{dtype}" if name.endswith("_ptr") else None
-
-    return pointer_type
-
-
-def _cache_pointers(dtype: str) -> Callable[[str], str | None]:
-    def pointer_type(name: str) -> str | None:
-        if name in ("slot_mapping_ptr", "cache_ptrs_ptr", "block_mapping_ptr"):
-            return "*i64"
-        return f"*{dtype}" if name.endswith("_ptr") else None
-
-    return pointer_type
+def _argument_type(name: str, dtype: str) -> str:
+    if name.endswith("_ptr"):
+        return INDEX_POINTERS.get(name, f"*{dtype}")
+    return "fp32" if name == "scale_log2e" else "i32"
 
 
 def compile_all(
@@ -79,14 +76,14 @@ def compile_all(
             shared = {"QUERY_GROUP_SIZE": 4, "BLOCK_SIZE": 16, "HEAD_DIM": head_dim}
             _compile(
                 triton_attention._paged_decode_attention_kernel,
-                _attention_pointers(dtype),
+                dtype,
                 {**shared, "TILE_N": triton_attention._decode_tile(head_dim)},
                 num_warps=8,
             )
             block_m, block_n, num_warps = triton_attention._prefill_tiles(head_dim, torch_dtype)
             _compile(
                 triton_attention._paged_prefill_attention_kernel,
-                _attention_pointers(dtype),
+                dtype,
                 {
                     **shared,
                     "BLOCK_M": block_m,
@@ -97,13 +94,13 @@ def compile_all(
             )
         _compile(
             triton_cache._write_kv_cache_kernel,
-            _cache_pointers(dtype),
+            dtype,
             {"NUM_KV_HEADS": 3, "NUM_KV_HEADS_PADDED": 4, "HEAD_DIM": 128, "BLOCK_SIZE": 16},
             num_warps=4,
         )
         _compile(
             triton_cache._copy_blocks_kernel,
-            _cache_pointers(dtype),
+            dtype,
             {"BLOCK_NUMEL": 16 * 8 * 128, "COPY_TILE": triton_cache.COPY_TILE},
             num_warps=4,
         )

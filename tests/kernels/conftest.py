@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 
@@ -31,6 +32,17 @@ def pytest_configure(config: pytest.Config) -> None:
 def _gpu_tests_need_cuda(request: pytest.FixtureRequest, device: str) -> None:
     if request.node.get_closest_marker("gpu") is not None and device != "cuda":
         pytest.skip("needs --device cuda")
+
+
+@pytest.fixture
+def _fresh_cpp_loader() -> Iterator[None]:
+    """Forget the C++ library's loaded-or-not verdict before and after the test, so that the
+    test and the ones after it load for real."""
+    from quire.kernels import cpp_attention
+
+    cpp_attention._load.cache_clear()
+    yield
+    cpp_attention._load.cache_clear()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from quire.kernels.signatures import PagedAttention
+
 
 @dataclass(frozen=True)
 class PagedBatch:
@@ -17,6 +19,29 @@ class PagedBatch:
     value_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor  # [num_seqs] int32
+
+    def decode(self, kernels: PagedAttention, query: torch.Tensor, scale: float) -> torch.Tensor:
+        """A backend's decode attention over this batch, one query token per sequence."""
+        # query: [num_seqs, num_heads, head_dim]
+        return kernels.paged_decode_attention(
+            query, self.key_cache, self.value_cache, self.block_tables, self.context_lens, scale
+        )
+
+    def prefill(
+        self, kernels: PagedAttention, query: torch.Tensor, query_lens: list[int], scale: float
+    ) -> torch.Tensor:
+        """A backend's prefill attention over this batch, query_lens[s] chunk tokens of
+        sequence s back to back in `query` (the last ones of its context)."""
+        # query: [sum(query_lens), num_heads, head_dim]
+        return kernels.paged_prefill_attention(
+            query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            cu_lens(query_lens, str(query.device)),
+            self.context_lens,
+            scale,
+        )
 
 
 def make_paged_batch(

@@ -13,7 +13,6 @@ import torch
 
 from quire.kernels import cpp_attention, reference
 from tests.kernels.helpers import (
-    PagedBatch,
     cu_lens,
     dense_batch_attention,
     make_paged_batch,
@@ -53,26 +52,6 @@ TOLERANCES = {
 }
 
 
-def _decode(batch: PagedBatch, query: torch.Tensor, scale: float) -> torch.Tensor:
-    return cpp_attention.paged_decode_attention(
-        query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens, scale
-    )
-
-
-def _prefill(
-    batch: PagedBatch, query: torch.Tensor, query_lens: list[int], scale: float
-) -> torch.Tensor:
-    return cpp_attention.paged_prefill_attention(
-        query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.block_tables,
-        cu_lens(query_lens),
-        batch.context_lens,
-        scale,
-    )
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), HEAD_SHAPES, ids=HEAD_SHAPE_IDS)
@@ -83,7 +62,7 @@ def test_decode_matchesdense_batch_attention(
     query = random_queries(len(DECODE_CONTEXT_LENS), num_heads, head_dim, dtype=dtype)
     scale = 1 / math.sqrt(head_dim)
 
-    out = _decode(batch, query, scale)
+    out = batch.decode(cpp_attention, query, scale)
 
     assert out.dtype == dtype and out.shape == query.shape
     expected = dense_batch_attention(batch, query, [1] * len(DECODE_CONTEXT_LENS), scale)
@@ -102,7 +81,7 @@ def test_prefill_matchesdense_batch_attention(
     query = random_queries(sum(query_lens), num_heads, head_dim, dtype=dtype)
     scale = 1 / math.sqrt(head_dim)
 
-    out = _prefill(batch, query, query_lens, scale)
+    out = batch.prefill(cpp_attention, query, query_lens, scale)
 
     assert out.dtype == dtype and out.shape == query.shape
     expected = dense_batch_attention(batch, query, query_lens, scale)
@@ -117,7 +96,7 @@ def test_generic_sizes_matchdense_batch_attention(head_dim: int, block_size: int
     batch = make_paged_batch(context_lens, 2, head_dim, block_size)
     scale = 1 / math.sqrt(head_dim)
     query = random_queries(sum(query_lens), 8, head_dim)
-    prefill = _prefill(batch, query, query_lens, scale)
+    prefill = batch.prefill(cpp_attention, query, query_lens, scale)
     torch.testing.assert_close(
         prefill.double(),
         dense_batch_attention(batch, query, query_lens, scale),
@@ -125,7 +104,7 @@ def test_generic_sizes_matchdense_batch_attention(head_dim: int, block_size: int
     )
 
     decode_query = random_queries(len(context_lens), 8, head_dim)
-    decode = _decode(batch, decode_query, scale)
+    decode = batch.decode(cpp_attention, decode_query, scale)
     torch.testing.assert_close(
         decode.double(),
         dense_batch_attention(batch, decode_query, [1] * len(context_lens), scale),
@@ -139,7 +118,7 @@ def test_group_larger_than_a_tile() -> None:
     query_lens = [chunk for _, chunk in PREFILL_CHUNKS]
     batch = make_paged_batch(context_lens, 1, 64)
     query = random_queries(sum(query_lens), 80, 64)
-    out = _prefill(batch, query, query_lens, 0.125)
+    out = batch.prefill(cpp_attention, query, query_lens, 0.125)
     torch.testing.assert_close(
         out.double(),
         dense_batch_attention(batch, query, query_lens, 0.125),
@@ -168,8 +147,8 @@ def test_prefill_of_single_tokens_is_decode() -> None:
     batch = make_paged_batch(DECODE_CONTEXT_LENS, 3, 64)
     query = random_queries(len(DECODE_CONTEXT_LENS), 9, 64)
 
-    prefill = _prefill(batch, query, [1] * len(DECODE_CONTEXT_LENS), 0.125)
-    decode = _decode(batch, query, 0.125)
+    prefill = batch.prefill(cpp_attention, query, [1] * len(DECODE_CONTEXT_LENS), 0.125)
+    decode = batch.decode(cpp_attention, query, 0.125)
 
     torch.testing.assert_close(prefill, decode, atol=0, rtol=0)
 
@@ -182,9 +161,9 @@ def test_result_does_not_depend_on_the_thread_count() -> None:
     num_threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        serial = _prefill(batch, query, query_lens, 0.125)
+        serial = batch.prefill(cpp_attention, query, query_lens, 0.125)
         torch.set_num_threads(max(2, num_threads))
-        parallel = _prefill(batch, query, query_lens, 0.125)
+        parallel = batch.prefill(cpp_attention, query, query_lens, 0.125)
     finally:
         torch.set_num_threads(num_threads)
     torch.testing.assert_close(parallel, serial, atol=0, rtol=0)

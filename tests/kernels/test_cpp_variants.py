@@ -14,7 +14,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -212,14 +212,6 @@ def test_the_variant_setting_forces_one_or_none(
     name, passed_over = cpp_attention.choose_variant()
     assert name is None
     assert passed_over[0].startswith("QUIRE_CPU_KERNELS_VARIANT=x86-64-v4: built with")
-
-
-@pytest.fixture
-def _fresh_cpp_loader() -> Iterator[None]:
-    # Forget the loaded-or-not verdict before and after, so that other tests load for real.
-    cpp_attention._load.cache_clear()
-    yield
-    cpp_attention._load.cache_clear()
 
 
 @pytest.mark.usefixtures("_fresh_cpp_loader")

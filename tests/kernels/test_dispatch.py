@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -159,14 +158,6 @@ def test_auto_uses_torch_when_cpp_is_unavailable(monkeypatch: pytest.MonkeyPatch
         kernels.paged_decode_attention(
             query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens, 0.1
         )
-
-
-@pytest.fixture
-def _fresh_cpp_loader() -> Iterator[None]:
-    # Forget the loaded-or-not verdict before and after, so that other tests load for real.
-    cpp_attention._load.cache_clear()
-    yield
-    cpp_attention._load.cache_clear()
 
 
 @pytest.mark.usefixtures("_fresh_cpp_loader")

@@ -37,9 +37,7 @@ def test_decode_matches_dense(
     query = random_queries(len(DECODE_CONTEXT_LENS), num_heads, head_dim, device=device)
     scale = 1 / math.sqrt(head_dim)
 
-    out = reference.paged_decode_attention(
-        query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens, scale
-    )
+    out = batch.decode(reference, query, scale)
 
     expected = dense_batch_attention(batch, query, [1] * len(DECODE_CONTEXT_LENS), scale)
     assert out.dtype == query.dtype
@@ -58,15 +56,7 @@ def test_prefill_matches_dense(
     query = random_queries(sum(query_lens), num_heads, head_dim, device=device)
     scale = 1 / math.sqrt(head_dim)
 
-    out = reference.paged_prefill_attention(
-        query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.block_tables,
-        cu_lens(query_lens, device),
-        batch.context_lens,
-        scale,
-    )
+    out = batch.prefill(reference, query, query_lens, scale)
 
     torch.testing.assert_close(
         out.double(), dense_batch_attention(batch, query, query_lens, scale), **TOLERANCE
@@ -76,12 +66,9 @@ def test_prefill_matches_dense(
 def test_prefill_of_single_tokens_is_decode(device: str) -> None:
     batch = make_paged_batch(DECODE_CONTEXT_LENS, 2, 64, device=device)
     query = random_queries(len(DECODE_CONTEXT_LENS), 8, 64, device=device)
-    args = (batch.key_cache, batch.value_cache, batch.block_tables)
 
-    prefill = reference.paged_prefill_attention(
-        query, *args, cu_lens([1] * len(DECODE_CONTEXT_LENS), device), batch.context_lens, 0.125
-    )
-    decode = reference.paged_decode_attention(query, *args, batch.context_lens, 0.125)
+    prefill = batch.prefill(reference, query, [1] * len(DECODE_CONTEXT_LENS), 0.125)
+    decode = batch.decode(reference, query, 0.125)
 
     torch.testing.assert_close(prefill, decode, **TOLERANCE)
 
@@ -97,15 +84,7 @@ def test_prefill_skips_empty_chunks_and_reads_strided_query(device: str) -> None
     query = qkv[:, :4]
     assert not query.is_contiguous()
 
-    out = reference.paged_prefill_attention(
-        query,
-        batch.key_cache,
-        batch.value_cache,
-        batch.block_tables,
-        cu_lens(query_lens, device),
-        batch.context_lens,
-        0.2,
-    )
+    out = batch.prefill(reference, query, query_lens, 0.2)
 
     torch.testing.assert_close(
         out.double(), dense_batch_attention(batch, query, query_lens, 0.2), **TOLERANCE

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from quire.kernels import reference, triton_attention
-from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
+from tests.kernels.helpers import PagedBatch, make_paged_batch, random_queries
 
 HEAD_SHAPES = [(4, 4), (4, 2), (8, 2), (4, 1)]
 HEAD_SHAPE_IDS = ["mha", "gqa2", "gqa4", "mqa"]
@@ -24,22 +24,18 @@ HALF_TOLERANCES = {
 }
 
 
-def _decode_both(batch, query: torch.Tensor, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    args = (query, batch.key_cache, batch.value_cache, batch.block_tables, batch.context_lens)
-    return (
-        triton_attention.paged_decode_attention(*args, scale),
-        reference.paged_decode_attention(*args, scale),
-    )
+def _decode_both(
+    batch: PagedBatch, query: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return batch.decode(triton_attention, query, scale), batch.decode(reference, query, scale)
 
 
 def _prefill_both(
-    batch, query: torch.Tensor, query_lens: list[int], scale: float
+    batch: PagedBatch, query: torch.Tensor, query_lens: list[int], scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    cu_query_lens = cu_lens(query_lens, str(query.device))
-    args = (query, batch.key_cache, batch.value_cache, batch.block_tables, cu_query_lens)
     return (
-        triton_attention.paged_prefill_attention(*args, batch.context_lens, scale),
-        reference.paged_prefill_attention(*args, batch.context_lens, scale),
+        batch.prefill(triton_attention, query, query_lens, scale),
+        batch.prefill(reference, query, query_lens, scale),
     )
 
 

@@ -33,6 +33,21 @@ def _check_write(key, value, cache_shape, dtype: torch.dtype, device: str) -> No
     assert torch.equal(value_cache, expected_values)
 
 
+def _check_copy(
+    key_caches: list[torch.Tensor], value_caches: list[torch.Tensor], block_mapping: torch.Tensor
+) -> None:
+    expected_keys = [cache.clone() for cache in key_caches]
+    expected_values = [cache.clone() for cache in value_caches]
+
+    triton_cache.copy_blocks(key_caches, value_caches, block_mapping)
+    reference.copy_blocks(expected_keys, expected_values, block_mapping)
+
+    for cache, expected in zip(
+        key_caches + value_caches, expected_keys + expected_values, strict=True
+    ):
+        assert torch.equal(cache, expected)
+
+
 @pytest.mark.parametrize("block_size", [8, 16])
 @pytest.mark.parametrize("num_kv_heads", [1, 3])
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
@@ -56,17 +71,8 @@ def test_copy_blocks_matches_reference(device: str, block_size: int) -> None:
     num_layers, shape = 3, (7, block_size, 2, 32)
     key_caches = [_random_cache(shape, torch.float32, device, seed=i) for i in range(num_layers)]
     value_caches = [_random_cache(shape, torch.float32, device, seed=10 + i) for i in range(3)]
-    expected_keys = [cache.clone() for cache in key_caches]
-    expected_values = [cache.clone() for cache in value_caches]
     block_mapping = torch.tensor([[1, 4], [1, 0], [6, 5]], device=device)
-
-    triton_cache.copy_blocks(key_caches, value_caches, block_mapping)
-    reference.copy_blocks(expected_keys, expected_values, block_mapping)
-
-    for cache, expected in zip(
-        key_caches + value_caches, expected_keys + expected_values, strict=True
-    ):
-        assert torch.equal(cache, expected)
+    _check_copy(key_caches, value_caches, block_mapping)
 
 
 def test_copy_blocks_rejects_non_contiguous_caches(device: str) -> None:
@@ -94,14 +100,5 @@ def test_half_precision_on_gpu(device: str, dtype: torch.dtype) -> None:
     shape = (64, 16, 8, 128)
     key_caches = [_random_cache(shape, dtype, device, seed=i) for i in range(4)]
     value_caches = [_random_cache(shape, dtype, device, seed=10 + i) for i in range(4)]
-    expected_keys = [cache.clone() for cache in key_caches]
-    expected_values = [cache.clone() for cache in value_caches]
     block_mapping = torch.tensor([[3, 40], [3, 41], [17, 2]], device=device)
-
-    triton_cache.copy_blocks(key_caches, value_caches, block_mapping)
-    reference.copy_blocks(expected_keys, expected_values, block_mapping)
-
-    for cache, expected in zip(
-        key_caches + value_caches, expected_keys + expected_values, strict=True
-    ):
-        assert torch.equal(cache, expected)
+    _check_copy(key_caches, value_caches, block_mapping)
