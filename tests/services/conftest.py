@@ -12,14 +12,17 @@ Import the classes with `from tests.services.conftest import RedisServer, ...`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import grpc
 import pytest
@@ -32,6 +35,8 @@ from services.stack.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+T = TypeVar("T")
+
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
     """Poll `predicate` every 20 ms until it holds; AssertionError after `timeout_s`."""
@@ -40,6 +45,36 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str =
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
         time.sleep(0.02)
+
+
+class LoopThread:
+    """An asyncio event loop on a daemon thread; `run` executes a coroutine there and waits.
+
+    In-process servers and their clients share this one loop, as grpc.aio expects.
+    """
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def close(self) -> None:
+        """Cancel what still runs on the loop (servers' leftover tasks), then stop and close
+        it."""
+        self.run(_cancel_other_tasks())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+async def _cancel_other_tasks() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class RedisServer:

@@ -3,24 +3,19 @@ redis-server + memory manager shared by a module (killed at teardown)."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 
 from services.executor.executor_server import ExecutorServer
 from services.executor.executor_settings import ExecutorSettings
 from services.stack.ports import free_port
-from tests.services.conftest import RedisServer, ServiceProcess
+from tests.services.conftest import LoopThread, RedisServer, ServiceProcess
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"
 NUM_KV_BLOCKS = 64  # 1,024 token slots: small enough to reject a long prompt
-
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -30,26 +25,6 @@ def tiny_model() -> Path:
 
         make_checkpoint(TINY, "tiny")
     return TINY
-
-
-class LoopThread:
-    """An asyncio event loop in a background thread; `run` executes a coroutine on it.
-
-    Server and clients share this one loop, as grpc.aio expects.
-    """
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")

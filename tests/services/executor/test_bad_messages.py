@@ -9,7 +9,7 @@ import pytest
 
 from services.executor.executor_server import ExecutorServer
 from services.rpc import executor_pb2 as pb
-from tests.services.executor.conftest import LoopThread
+from tests.services.conftest import LoopThread
 from tests.services.executor.test_generate import PROMPT, generate, status, target
 
 U32 = 2**32 - 1  # a "negative" value sent as uint32 arrives as a huge one

@@ -16,7 +16,8 @@ from quire import LLM, SamplingParams
 from services.executor.executor_server import ExecutorServer
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
-from tests.services.executor.conftest import NUM_KV_BLOCKS, LoopThread
+from tests.services.conftest import LoopThread
+from tests.services.executor.conftest import NUM_KV_BLOCKS
 
 PROMPT = [1, 412, 87, 1024, 9, 3301, 77, 18, 250, 4001, 6]
 

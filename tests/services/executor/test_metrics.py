@@ -19,7 +19,7 @@ from services.executor.executor_server import ExecutorServer
 from services.executor.executor_settings import ExecutorSettings
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
-from tests.services.executor.conftest import LoopThread
+from tests.services.conftest import LoopThread
 
 PROMPT = list(range(5, 45))  # 40 tokens: two full 16-token blocks
 

@@ -9,11 +9,10 @@ fresh key prefix per test.
 from __future__ import annotations
 
 import asyncio
-import threading
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import openai
@@ -34,29 +33,12 @@ from services.router.main import create_apps
 from services.router.prompts import load_tokenizer
 from services.router.router_settings import RouterSettings
 from services.router.state import RouterState
-from tests.services.conftest import RedisServer
+from tests.services.conftest import LoopThread, RedisServer
 from tests.services.router.fake_executor import FakeServer, Script, start_fake
 
-T = TypeVar("T")
 MODEL = "models/quire-tiny"
 MODEL_NAME = "quire-tiny"
 EXECUTOR_IDS = ("ex-a", "ex-b", "ex-c")
-
-
-class BackgroundLoop:
-    """An asyncio loop on a daemon thread; `run` executes a coroutine there and waits."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 30.0) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
 
 
 @dataclass
@@ -118,7 +100,7 @@ async def _stop_router(handle: RouterHandle) -> None:
 class Cluster:
     """Fakes + Redis under a fresh prefix, and routers started for this test."""
 
-    bg: BackgroundLoop
+    bg: LoopThread
     redis_server: RedisServer
     fakes: dict[str, FakeServer]
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
@@ -177,16 +159,21 @@ class Cluster:
         self.routers.append(handle)
         return handle
 
+    def stop_routers(self) -> None:
+        for handle in self.routers:
+            self.bg.run(_stop_router(handle))
+        self.routers.clear()
+
 
 @pytest.fixture(scope="session")
-def bg_loop() -> Iterator[BackgroundLoop]:
-    bg = BackgroundLoop()
+def bg_loop() -> Iterator[LoopThread]:
+    bg = LoopThread()
     yield bg
     bg.close()
 
 
 @pytest.fixture(scope="session")
-def fakes(bg_loop: BackgroundLoop) -> Iterator[dict[str, FakeServer]]:
+def fakes(bg_loop: LoopThread) -> Iterator[dict[str, FakeServer]]:
     servers = {e: bg_loop.run(start_fake(e)) for e in EXECUTOR_IDS}
     yield servers
     for fake in servers.values():
@@ -208,7 +195,7 @@ def tokenizer() -> Any:
 
 @pytest.fixture
 def router_setup(
-    bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
+    bg_loop: LoopThread, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
 ) -> Iterator[tuple[Cluster, RouterHandle, Any]]:
     """Live records for the (unscripted) fakes, one router over them, and the tokenizer."""
     c = Cluster(bg_loop, shared_redis, fakes)
@@ -220,7 +207,7 @@ def router_setup(
 
 @pytest.fixture
 def cluster(
-    bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
+    bg_loop: LoopThread, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
 ) -> Iterator[Cluster]:
     """Three fakes with live records under a fresh prefix, playing " one two ... eight"."""
     c = Cluster(bg_loop, shared_redis, fakes)
@@ -228,5 +215,16 @@ def cluster(
     c.script(Script(tokens=default + [2]))
     c.publish_all()
     yield c
-    for handle in c.routers:
-        bg_loop.run(_stop_router(handle))
+    c.stop_routers()
+
+
+@pytest.fixture(scope="module")
+def module_cluster(
+    bg_loop: LoopThread, fakes: dict[str, FakeServer], shared_redis: RedisServer
+) -> Iterator[Cluster]:
+    """Three unscripted fakes with live records under a fresh prefix, for a whole module (its
+    tests send one-shot requests to routers started once)."""
+    c = Cluster(bg_loop, shared_redis, fakes)
+    c.publish_all()
+    yield c
+    c.stop_routers()

@@ -8,9 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.services.conftest import RedisServer
-from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle, _stop_router
-from tests.services.router.fake_executor import FakeServer, Script
+from tests.services.router.conftest import Cluster, RouterHandle
+from tests.services.router.fake_executor import Script
 from tests.services.router.test_errors import assert_error
 
 CHAT = [{"role": "user", "content": "hi"}]
@@ -18,16 +17,11 @@ MAX_BODY = 64 * 1024
 
 
 @pytest.fixture(scope="module")
-def router(
-    bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
-) -> Iterator[RouterHandle]:
-    """One router for the whole module (every test here sends one-shot requests)."""
-    cluster = Cluster(bg_loop, shared_redis, fakes)
-    cluster.script(Script(tokens=tokenizer.encode(" one two three", add_special_tokens=False)))
-    cluster.publish_all()
-    handle = cluster.router(max_body_bytes=MAX_BODY)
-    yield handle
-    bg_loop.run(_stop_router(handle))
+def router(module_cluster: Cluster, tokenizer: Any) -> RouterHandle:
+    module_cluster.script(
+        Script(tokens=tokenizer.encode(" one two three", add_special_tokens=False))
+    )
+    return module_cluster.router(max_body_bytes=MAX_BODY)
 
 
 @pytest.fixture(scope="module")

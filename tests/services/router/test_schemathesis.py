@@ -8,7 +8,6 @@ the public one, where the requests go.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,23 +17,16 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.result import Ok
 
-from tests.services.conftest import RedisServer
-from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle, _stop_router
-from tests.services.router.fake_executor import FakeServer, Script
+from tests.services.router.conftest import Cluster, RouterHandle
+from tests.services.router.fake_executor import Script
 
 MAX_EXAMPLES = 8  # per operation and mode; the whole run stays well under 30 s
 
 
 @pytest.fixture(scope="module")
-def live_router(
-    bg_loop: BackgroundLoop, fakes: dict[str, FakeServer], shared_redis: RedisServer, tokenizer: Any
-) -> Iterator[RouterHandle]:
-    cluster = Cluster(bg_loop, shared_redis, fakes)
-    cluster.script(Script(tokens=tokenizer.encode(" one two", add_special_tokens=False)))
-    cluster.publish_all()
-    handle = cluster.router(memory_manager="", request_timeout_s=5.0)
-    yield handle
-    bg_loop.run(_stop_router(handle))
+def live_router(module_cluster: Cluster, tokenizer: Any) -> RouterHandle:
+    module_cluster.script(Script(tokens=tokenizer.encode(" one two", add_special_tokens=False)))
+    return module_cluster.router(memory_manager="", request_timeout_s=5.0)
 
 
 def test_no_server_errors(live_router: RouterHandle) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from quire.structured_params import StructuredOutputParams
 from services.common.wire.executor import params_from_proto
-from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle
+from tests.services.conftest import LoopThread
+from tests.services.router.conftest import Cluster, RouterHandle
 from tests.services.router.fake_executor import EOS, Script
 from tests.services.router.test_errors import assert_error
 
@@ -27,6 +28,20 @@ WEATHER = {
     },
 }
 TIME = {"type": "function", "function": {"name": "get_time"}}
+# What the openai client sends to offer both tools.
+TOOL_REQUEST: dict[str, Any] = {"model": "quire-tiny", "messages": CHAT, "tools": [WEATHER, TIME]}
+# An assistant turn that called get_weather, as a client sends it back in the history.
+WEATHER_CALL_TURN = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+        }
+    ],
+}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 TAG_FORMAT = {
     "type": "tag",
@@ -38,6 +53,15 @@ TAG_FORMAT = {
 
 def play(cluster: Cluster, tokenizer: Any, text: str) -> None:
     cluster.script(Script(tokens=tokenizer.encode(text, add_special_tokens=False) + [EOS]))
+
+
+def only_tool_call(reply: Any, content: str) -> Any:
+    """The one tool call of a chat reply's first choice, which must end in tool_calls after
+    the words `content`."""
+    out = reply.choices[0]
+    assert out.finish_reason == "tool_calls" and out.message.content == content
+    (call,) = out.message.tool_calls or []
+    return call
 
 
 def sent_spec(cluster: Cluster) -> StructuredOutputParams | None:
@@ -327,7 +351,7 @@ def test_tool_choice_none_ignores_the_tools(
 
 
 def test_cut_short_tool_call_comes_back_as_text(
-    bg_loop: BackgroundLoop, router_setup: tuple[Cluster, RouterHandle, Any]
+    bg_loop: LoopThread, router_setup: tuple[Cluster, RouterHandle, Any]
 ) -> None:
     cluster, router, tokenizer = router_setup
     partial = tokenizer.encode('{"city": "Par', add_special_tokens=False)

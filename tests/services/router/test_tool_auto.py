@@ -11,27 +11,26 @@ from typing import Any
 import pytest
 
 from services.common.wire.executor import params_from_proto
-from tests.services.router.conftest import BackgroundLoop, Cluster, RouterHandle
+from tests.services.conftest import LoopThread
+from tests.services.router.conftest import Cluster, RouterHandle
 from tests.services.router.fake_executor import EOS, Script
 from tests.services.router.test_errors import assert_error
-from tests.services.router.test_structured import CHAT, TIME, WEATHER, play
+from tests.services.router.test_structured import (
+    CHAT,
+    TIME,
+    TOOL_REQUEST,
+    WEATHER,
+    WEATHER_CALL_TURN,
+    only_tool_call,
+    play,
+)
 
 CALL = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
 )
 HISTORY = [
     *CHAT,
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-            }
-        ],
-    },
+    WEATHER_CALL_TURN,
     {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
 ]
 
@@ -76,17 +75,13 @@ def test_auto_calls_whole_and_streamed(router_setup: tuple[Cluster, RouterHandle
     text = "Let me look.\n" + CALL
     play(cluster, tokenizer, text)
     client = router.openai()
-    kwargs: dict[str, Any] = {"model": "quire-tiny", "messages": CHAT, "tools": [WEATHER, TIME]}
-    reply = client.chat.completions.create(**kwargs)
-    out = reply.choices[0]
-    assert out.finish_reason == "tool_calls" and out.message.content == "Let me look."
-    (call,) = out.message.tool_calls or []
+    call = only_tool_call(client.chat.completions.create(**TOOL_REQUEST), "Let me look.")
     assert call.id.startswith("call_") and call.type == "function"
     assert call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris", "days": 3}
 
     play(cluster, tokenizer, text)
-    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    chunks = list(client.chat.completions.create(stream=True, **TOOL_REQUEST))
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == "Let me look."
     deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
@@ -209,7 +204,7 @@ def test_bad_tool_history_is_a_400(
 
 
 def test_without_a_tool_template_auto_is_a_400(
-    bg_loop: BackgroundLoop, router_setup: tuple[Cluster, RouterHandle, Any]
+    bg_loop: LoopThread, router_setup: tuple[Cluster, RouterHandle, Any]
 ) -> None:
     cluster, _, tokenizer = router_setup
     router = cluster.router(tool_chat_template="none")

@@ -28,7 +28,7 @@ from services.router.tool_parsers.hermes import HermesToolParser
 from services.router.tool_parsers.registry import tool_parser_class, tool_parser_names
 from services.router.tool_schemas import Tool
 from tests.services.router.conftest import Cluster
-from tests.services.router.test_structured import CHAT, TIME, WEATHER, play
+from tests.services.router.test_structured import TOOL_REQUEST, only_tool_call, play
 from tests.services.router.test_tool_parser_contract import TOOLS, assert_contract
 
 _TOY_CALL = re.compile(r"\[\[([A-Za-z0-9_-]+) (\{.*?\})\]\]", re.S)
@@ -129,11 +129,7 @@ def test_a_registered_format_serves_auto_end_to_end(
     text = 'Checking.[[get_weather {"city": "Paris"}]]'
     play(cluster, tokenizer, text)
     client = router.openai()
-    kwargs: dict[str, Any] = {"model": "quire-tiny", "messages": CHAT, "tools": [WEATHER, TIME]}
-    reply = client.chat.completions.create(**kwargs)
-    out = reply.choices[0]
-    assert out.finish_reason == "tool_calls" and out.message.content == "Checking."
-    (call,) = out.message.tool_calls or []
+    call = only_tool_call(client.chat.completions.create(**TOOL_REQUEST), "Checking.")
     assert call.id.startswith("call_") and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     (request,) = [r for f in cluster.fakes.values() for r in f.executor.requests]
@@ -144,7 +140,7 @@ def test_a_registered_format_serves_auto_end_to_end(
     assert [t["begin"] for t in tag["format"]["tags"]] == ["[[get_weather ", "[[get_time "]
 
     play(cluster, tokenizer, text)
-    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    chunks = list(client.chat.completions.create(stream=True, **TOOL_REQUEST))
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert content == "Checking."
     deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]

@@ -12,6 +12,7 @@ import pytest
 from services.router.prompts import PromptProcessor, load_tokenizer
 from services.router.schemas import ChatMessage
 from services.router.tool_templates import CHATML_TOOLS, resolve_tool_template
+from tests.services.router.test_structured import WEATHER_CALL_TURN
 
 REPO = Path(__file__).resolve().parents[3]
 SMOL = str(REPO / "models" / "smollm2-135m-instruct")
@@ -25,17 +26,7 @@ WEATHER = {
 HISTORY = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": "Weather in Paris?"},
-    {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {
-                "id": "call_1",
-                "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
-            }
-        ],
-    },
+    WEATHER_CALL_TURN,
     {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
 ]
 EXPECTED = (
