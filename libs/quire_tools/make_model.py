@@ -324,6 +324,15 @@ def make_checkpoint(
     return out
 
 
+def ensure_checkpoint(out_dir: str | Path, preset: str) -> Path:
+    """The checkpoint in `out_dir`, first made by `make_checkpoint(out_dir, preset)` where
+    there is none (no config.json); one already there is kept as it is."""
+    out = Path(out_dir)
+    if not (out / "config.json").is_file():
+        make_checkpoint(out, preset)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Command-line entry point: ``python -m quire_tools.make_model --preset tiny --out DIR``."""
     parser = argparse.ArgumentParser(description="Generate a random-weight checkpoint.")

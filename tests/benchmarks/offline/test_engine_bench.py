@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from quire_tools.make_model import make_checkpoint
+from quire_tools.make_model import ensure_checkpoint
 
 from benchmarks.offline import workloads
 from benchmarks.offline.quire_run import run_quire
@@ -27,8 +27,7 @@ UTILIZATION_KEYS = (
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    if not (TINY / "config.json").is_file():
-        make_checkpoint(TINY, "tiny")
+    ensure_checkpoint(TINY, "tiny")
     out = tmp_path_factory.mktemp("bench")
     return run_quick("benchmarks.engine", out, expect="quire / hf static", timeout_s=300)
 
@@ -66,8 +65,7 @@ def test_workload_figures_are_sane(results: dict) -> None:
 
 def test_stub_forward_holds_the_same_blocks_as_the_model() -> None:
     """The concurrency run stubs the forward; block usage must not depend on it."""
-    if not (TINY / "config.json").is_file():
-        make_checkpoint(TINY, "tiny")
+    ensure_checkpoint(TINY, "tiny")
     workload = workloads.make_workload(
         workloads.SYNTHETIC["synthetic-alpaca"],
         12,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from quire_tools.make_model import make_checkpoint
+from quire_tools.make_model import ensure_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"
@@ -14,6 +14,4 @@ TINY = REPO / "models" / "quire-tiny"
 @pytest.fixture(scope="module")
 def tiny() -> Path:
     """The tiny random-weight checkpoint, made if missing."""
-    if not (TINY / "config.json").is_file():
-        make_checkpoint(TINY, "tiny")
-    return TINY
+    return ensure_checkpoint(TINY, "tiny")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from quire_tools.make_model import make_checkpoint
+from quire_tools.make_model import ensure_checkpoint, make_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "models" / "quire-tiny"
@@ -15,9 +15,7 @@ TINY = REPO / "models" / "quire-tiny"
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    if not (TINY / "config.json").is_file():
-        make_checkpoint(TINY, "tiny")
-    return TINY
+    return ensure_checkpoint(TINY, "tiny")
 
 
 @pytest.fixture(scope="session")

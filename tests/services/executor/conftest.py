@@ -20,11 +20,9 @@ NUM_KV_BLOCKS = 64  # 1,024 token slots: small enough to reject a long prompt
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    if not (TINY / "config.json").is_file():
-        from quire_tools.make_model import make_checkpoint
+    from quire_tools.make_model import ensure_checkpoint
 
-        make_checkpoint(TINY, "tiny")
-    return TINY
+    return ensure_checkpoint(TINY, "tiny")
 
 
 @pytest.fixture(scope="module")
