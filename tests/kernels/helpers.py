@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +94,20 @@ def make_paged_batch(
         block_tables=block_tables.to(dtype=torch.int32, device=device),
         context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
     )
+
+
+def serial_and_parallel(run: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """run() on one intra-op thread, then on several (at least 2); the thread count is put
+    back after."""
+    num_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        serial = run()
+        torch.set_num_threads(max(2, num_threads))
+        parallel = run()
+    finally:
+        torch.set_num_threads(num_threads)
+    return serial, parallel
 
 
 def random_queries(

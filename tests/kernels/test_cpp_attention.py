@@ -17,6 +17,7 @@ from tests.kernels.helpers import (
     dense_batch_attention,
     make_paged_batch,
     random_queries,
+    serial_and_parallel,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -158,14 +159,9 @@ def test_result_does_not_depend_on_the_thread_count() -> None:
     query_lens = [chunk for _, chunk in PREFILL_CHUNKS]
     batch = make_paged_batch(context_lens, 3, 64)
     query = random_queries(sum(query_lens), 9, 64)
-    num_threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        serial = batch.prefill(cpp_attention, query, query_lens, 0.125)
-        torch.set_num_threads(max(2, num_threads))
-        parallel = batch.prefill(cpp_attention, query, query_lens, 0.125)
-    finally:
-        torch.set_num_threads(num_threads)
+    serial, parallel = serial_and_parallel(
+        lambda: batch.prefill(cpp_attention, query, query_lens, 0.125)
+    )
     torch.testing.assert_close(parallel, serial, atol=0, rtol=0)
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from quire.kernels import packed_linear
+from tests.kernels.helpers import serial_and_parallel
 
 DTYPES = [
     pytest.param(
@@ -85,14 +86,9 @@ def test_result_does_not_depend_on_the_thread_count(dtype: torch.dtype) -> None:
     weight = torch.randn(960, 576, generator=gen).to(dtype)
     x = torch.randn(7, 576, generator=gen).to(dtype)
     packed = packed_linear.pack_weight(weight)
-    num_threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        serial = packed_linear.packed_linear(x, packed, None, 960)
-        torch.set_num_threads(max(2, num_threads))
-        parallel = packed_linear.packed_linear(x, packed, None, 960)
-    finally:
-        torch.set_num_threads(num_threads)
+    serial, parallel = serial_and_parallel(
+        lambda: packed_linear.packed_linear(x, packed, None, 960)
+    )
     assert torch.equal(serial, parallel)
 
 

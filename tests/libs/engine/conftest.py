@@ -7,15 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from quire_tools.make_model import ensure_checkpoint, make_checkpoint
+from quire_tools.make_model import make_checkpoint
+
+from tests.checkpoints import tiny_checkpoint
 
 REPO = Path(__file__).resolve().parents[3]
-TINY = REPO / "models" / "quire-tiny"
 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    return ensure_checkpoint(TINY, "tiny")
+    return tiny_checkpoint()
 
 
 @pytest.fixture(scope="session")

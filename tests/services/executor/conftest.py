@@ -11,18 +11,15 @@ import pytest
 from services.executor.executor_server import ExecutorServer
 from services.executor.executor_settings import ExecutorSettings
 from services.stack.ports import free_port
+from tests.checkpoints import tiny_checkpoint
 from tests.services.conftest import LoopThread, RedisServer, ServiceProcess
 
-REPO = Path(__file__).resolve().parents[3]
-TINY = REPO / "models" / "quire-tiny"
 NUM_KV_BLOCKS = 64  # 1,024 token slots: small enough to reject a long prompt
 
 
 @pytest.fixture(scope="session")
 def tiny_model() -> Path:
-    from quire_tools.make_model import ensure_checkpoint
-
-    return ensure_checkpoint(TINY, "tiny")
+    return tiny_checkpoint()
 
 
 @pytest.fixture(scope="module")
