@@ -17,6 +17,7 @@ import httpx
 from benchmarks.online.client import QuireServer, TransformersServer, VLLMServer
 from benchmarks.online.config import QUIRE_KV_BLOCKS, REPO, VLLM_BLOCK_SIZE, VLLM_KV_CACHE_GIB
 from services.stack.ports import free_port, stack_ports
+from services.stack.runner import terminate
 
 
 def served_model(base_url: str) -> str:
@@ -114,10 +115,4 @@ def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180)
             time.sleep(0.5)
         yield TransformersServer(base_url, served_model(base_url))
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc, timeout_s=20)

@@ -20,6 +20,19 @@ class StackError(RuntimeError):
     """A process of the stack failed to start or become ready."""
 
 
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float) -> int:
+    """SIGTERM `proc`, SIGKILL it if it still runs after `timeout_s`, and reap it; its exit
+    code (at once if it has already exited)."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def _tcp_ready(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):

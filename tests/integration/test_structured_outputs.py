@@ -20,7 +20,7 @@ import pytest
 
 from services.router.prompts import load_tokenizer
 from services.stack.ports import free_port, stack_ports
-from services.stack.runner import Stack
+from services.stack.runner import Stack, terminate
 from services.stack.spec import StackConfig, stack_processes
 from tests.integration.conftest import REPO, wait_for_executors
 
@@ -425,8 +425,7 @@ def plain_router(smol_stack: Stack, tmp_path_factory: pytest.TempPathFactory) ->
             time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        terminate(proc, timeout_s=10)
         log.close()
 
 

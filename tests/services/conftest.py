@@ -32,6 +32,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from services.stack.ports import free_port
+from services.stack.runner import terminate
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -121,7 +122,7 @@ class RedisServer:
         """Terminate it (kill after 5 s); a no-op when not running."""
         if self.proc is None:
             return
-        _terminate(self.proc)
+        terminate(self.proc, timeout_s=5)
         self.proc = None
 
 
@@ -202,7 +203,7 @@ class ServiceProcess:
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after 5 s; a no-op when not running."""
         if self.proc is not None:
-            _terminate(self.proc)
+            terminate(self.proc, timeout_s=5)
             self.proc = None
 
     def log_tail(self, num_chars: int = 4000) -> str:
@@ -233,13 +234,3 @@ def start_service(tmp_path: Path) -> Iterator[Callable[..., ServiceProcess]]:
     yield start
     for service in started:
         service.stop()
-
-
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
