@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30  # KV budget on CPU when num_kv_blocks is None
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # fraction of free GPU memory the KV cache may take
+PREEMPTION_MODES = ("recompute", "swap")  # EngineConfig.preemption_mode's values
 
 
 def _setting(default: Any, help: str) -> Any:
@@ -47,6 +48,17 @@ class EngineConfig:
     )
     device: str = _setting("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
     seed: int = _setting(0, "default seed for unseeded random sampling")
+    preemption_mode: str = _setting(
+        "swap",
+        "how a sequence preempted for room comes back: swap (its full computed KV blocks are "
+        "copied to a host pool and loaded back when it resumes; what the pool lacks is "
+        "recomputed) or recompute (all of it is recomputed, minus prefix-cache hits)",
+    )
+    swap_space: float = _setting(
+        4.0,
+        "GiB of host memory for KV blocks of preempted sequences (preemption_mode swap; "
+        "least recently used blocks are dropped past it; 0 disables swapping)",
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -63,6 +75,12 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}"
+            )
+        if not self.swap_space >= 0:
+            raise ValueError(f"swap_space must be >= 0 GiB, got {self.swap_space}")
         if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device}")
 
@@ -83,6 +101,13 @@ class EngineConfig:
             native = device.type == "cuda" or cpu_has_native_bf16()
             return torch.bfloat16 if native else torch.float32
         return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+    @property
+    def swap_space_bytes(self) -> int:
+        """The host pool's capacity in bytes; 0 when preemption recomputes or swap is off."""
+        if self.preemption_mode != "swap":
+            return 0
+        return int(self.swap_space * (1 << 30))
 
 
 def engine_field(name: str) -> Field[Any]:

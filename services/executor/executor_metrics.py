@@ -3,8 +3,10 @@
 Each executor owns its registry (so several can live in one test process); the engine
 loop thread updates it, prometheus_client's HTTP server thread reads it.
 
-Every series is labelled `model_name` and measures what vLLM's `vllm:<name>` of the same
-name measures, so a vLLM dashboard ports by replacing `vllm:` with `quire_executor_`.
+Every series is labelled `model_name`. Those with a vLLM equivalent measure what vLLM's
+`vllm:<name>` of the same name measures, so a vLLM dashboard ports by replacing `vllm:` with
+`quire_executor_`; the swap series (preemption mode swap, quire.engine.swap) have no vLLM v1
+equivalent and are named `quire_executor_<what>` by the same scheme.
 Names, types, labels and the vLLM equivalents are listed in docs/metrics.md
 (`make docs-metrics` writes it from this registry).
 """
@@ -35,6 +37,35 @@ _E2E_BUCKETS: tuple[float, ...] = (
     *(60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
 )
 
+# Preemption by swap (quire.engine.swap): series name, the StepStats.swap field it counts, help.
+_SWAP_SERIES = (
+    (
+        "swap_out_blocks",
+        "num_blocks_out",
+        "KV blocks of preempted sequences copied to the host pool.",
+    ),
+    (
+        "swap_out_bytes",
+        "num_bytes_out",
+        "Bytes of KV copied to the host pool from preempted sequences.",
+    ),
+    (
+        "swap_in_blocks",
+        "num_blocks_in",
+        "KV blocks loaded back from the host pool into resumed sequences (swap-in hits).",
+    ),
+    (
+        "swap_in_bytes",
+        "num_bytes_in",
+        "Bytes of KV loaded back from the host pool into resumed sequences.",
+    ),
+    (
+        "swap_in_misses",
+        "num_blocks_missed",
+        "Full blocks a resumed sequence looked for in the host pool and had to recompute.",
+    ),
+)
+
 
 class ExecutorMetrics:
     """The executor's Prometheus series, labelled with the served model name."""
@@ -55,6 +86,9 @@ class ExecutorMetrics:
 
         def counter(vllm_name: str, doc: str) -> Any:
             return Counter(name(vllm_name), doc, labels, registry=r).labels(model_name)
+
+        def own_counter(what: str, doc: str) -> Any:
+            return Counter(PREFIX + what, doc, labels, registry=r).labels(model_name)
 
         def histogram(vllm_name: str, doc: str, buckets: tuple[float, ...]) -> Any:
             metric = Histogram(name(vllm_name), doc, labels, buckets=buckets, registry=r)
@@ -97,6 +131,20 @@ class ExecutorMetrics:
             "Time a request waited before it was first scheduled.",
             _E2E_BUCKETS,
         )
+        self.cpu_cache_usage_perc = gauge(
+            "cpu_cache_usage_perc",
+            "Host (CPU) swap pool usage as a fraction 0..1 of --swap-space (vLLM v0's name); "
+            "0 when preempted sequences are recomputed.",
+        )
+        # Preemption by swap (quire.engine.swap); no vLLM v1 equivalent.
+        swap = {name: own_counter(name, doc) for name, _, doc in _SWAP_SERIES}
+        self.swap_out_blocks = swap["swap_out_blocks"]
+        self.swap_out_bytes = swap["swap_out_bytes"]
+        self.swap_in_blocks = swap["swap_in_blocks"]
+        self.swap_in_bytes = swap["swap_in_bytes"]
+        self.swap_in_misses = swap["swap_in_misses"]
+        # (counter, the StepStats.swap field it counts)
+        self._swap_fields = [(swap[name], field) for name, field, _ in _SWAP_SERIES]
         self._prefix_totals: tuple[int, int] | None = None  # (queries, hits) last seen
 
     def observe_load(self, load: ExecutorLoad) -> None:
@@ -118,11 +166,17 @@ class ExecutorMetrics:
         self._prefix_totals = (num_queries, num_hits)
 
     def observe_step(self, stats: StepStats) -> None:
-        """Count one engine step's generated tokens and preemptions."""
+        """Count one engine step's generated tokens, preemptions and swapped blocks."""
         if stats.num_sampled:
             self.generation_tokens.inc(stats.num_sampled)
         if stats.num_preempted:
             self.num_preemptions.inc(stats.num_preempted)
+        swap = stats.swap
+        if swap.host_bytes_capacity:
+            self.cpu_cache_usage_perc.set(swap.host_bytes_used / swap.host_bytes_capacity)
+        for counter, field in self._swap_fields:
+            if value := getattr(swap, field):
+                counter.inc(value)
 
     def serve(self, host: str, port: int) -> Any:
         """Start the /metrics HTTP server thread; returns the server (call shutdown())."""

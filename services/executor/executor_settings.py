@@ -74,6 +74,8 @@ class ExecutorSettings(BaseSettings):
     device: str = _engine("device")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _engine("dtype")
     seed: int = _engine("seed")
+    preemption_mode: Literal["recompute", "swap"] = _engine("preemption_mode")
+    swap_space: float = _engine("swap_space", ge=0)
     torch_threads: int = Field(
         default=0,
         ge=0,

@@ -57,8 +57,9 @@ SERVICES = (
     ServiceMetrics(
         "executor",
         "Executor",
-        "`/metrics` on the executor's `--metrics-port`. Every series has vLLM's meaning "
-        "under vLLM's name with `vllm:` replaced by `quire_executor_`.",
+        "`/metrics` on the executor's `--metrics-port`. A series with a vLLM equivalent has "
+        "vLLM's meaning under vLLM's name with `vllm:` replaced by `quire_executor_`; the "
+        "swap series (`--preemption-mode swap`) have none.",
         lambda: ExecutorMetrics("model"),
     ),
     ServiceMetrics(
@@ -92,6 +93,8 @@ class MetricDoc:
             return "seconds"
         if self.name.endswith(("_ratio", "_perc")):
             return "0..1"
+        if self.name.endswith(("_bytes", "_bytes_total")):
+            return "bytes"
         if self.help.startswith("1 while"):
             return "0 or 1"
         return "count"

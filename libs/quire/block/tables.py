@@ -12,7 +12,8 @@ allocator makes in one step:
   `start == 0`, the whole table.
 
 Sequences whose table did not change (most decode steps: 15 of 16 at block size 16)
-get no update at all. Frees, preemptions and refusals drop tables.
+get no update at all. Frees, preemptions and refusals drop tables (a preempted sequence's
+last table stays readable as `preempted_tables` until the next step is applied).
 
 Ownership. On the executor side `BlockTables` is the only holder of block tables: the
 model runner keeps one next to the KV tensors the tables index and builds slot mappings
@@ -107,6 +108,10 @@ class BlockTables:
             raise ValueError(f"block_size: must be >= 1, got {block_size}")
         self.block_size = block_size
         self._seqs: dict[str, _Granted] = {}
+        # The tables of the sequences the last applied step preempted, as they were before
+        # it: their blocks still hold the sequences' KV until the step's copies and forward
+        # pass run (swap mode reads them out then, quire.engine.swap).
+        self.preempted_tables: dict[str, list[int]] = {}
 
     def __contains__(self, seq_id: object) -> bool:
         return seq_id in self._seqs
@@ -235,6 +240,9 @@ class BlockTables:
             seq = seqs.get(commit.seq_id)
             if seq is not None:
                 seq.num_committed_tokens = max(seq.num_committed_tokens, commit.num_computed_tokens)
+        self.preempted_tables = {
+            seq_id: seqs[seq_id].table for seq_id in result.preempted if seq_id in seqs
+        }
         for seq_id in gone:
             seqs.pop(seq_id, None)
         for append in request.appends:

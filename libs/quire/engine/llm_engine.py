@@ -18,6 +18,7 @@ from pathlib import Path
 from quire.block.allocator import BlockAllocator
 from quire.block.manager import BlockManager
 from quire.block.tables import BlockTables
+from quire.cache.host_pool import HostBlockPool
 from quire.config import EngineConfig
 from quire.engine.grammar_masks import StructuredOutputs
 from quire.engine.inputs import Prompt, check_prompt_fits, seeded_generators, tokenize_prompt
@@ -25,7 +26,8 @@ from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
 from quire.engine.scheduler import Scheduler, SchedulerConfig
 from quire.engine.sequence import Request, Sequence
-from quire.engine.stats import EngineStats, StepStats, step_stats
+from quire.engine.stats import NO_SWAP, EngineStats, StepStats, step_stats
+from quire.engine.swap import KVSwapper
 from quire.engine.update import StopRules, finished_delta, request_delta, update_from_output
 from quire.outputs import RequestDelta, SequenceDelta
 from quire.sampling_params import SamplingParams
@@ -73,10 +75,18 @@ class LLMEngine:
         elif allocator is None:
             allocator = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.allocator = allocator
+        extra_key = str(path.name)
+        # Swap mode: preempted sequences' full blocks go to a host pool and come back on
+        # resume (quire.engine.swap); None: they are recomputed.
+        self.swapper: KVSwapper | None = None
+        if config.swap_space_bytes > 0:
+            host_pool = HostBlockPool(config.swap_space_bytes)
+            self.swapper = KVSwapper(self.runner.kv, host_pool, extra_key)
         self.scheduler = Scheduler(
-            SchedulerConfig.of(config, extra_key=str(path.name)),
+            SchedulerConfig.of(config, extra_key=extra_key),
             self.allocator,
             self.runner.tables,
+            self.swapper,
         )
         self.stop_rules = StopRules(self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
@@ -162,6 +172,10 @@ class LLMEngine:
         """Schedule, execute, update: one engine step and what it produced."""
         started = time.perf_counter()
         step = self.scheduler.schedule()
+        if self.swapper is not None:
+            # Before the step's block copies and forward pass, which may overwrite them.
+            for seq in step.preempted:
+                self.swapper.swap_out(seq.token_ids, step.preempted_blocks[seq.seq_id])
         running, waiting = self.scheduler.running, self.scheduler.waiting
         occupancy = (len(running), len(waiting), sum(s.num_allocated_tokens for s in running))
         scheduled = time.perf_counter()
@@ -187,7 +201,8 @@ class LLMEngine:
             if delta.finished:
                 self.requests.pop(delta.request_id, None)
         times = (scheduled - started, executed - scheduled, time.perf_counter() - executed)
-        return StepResult(outputs, step_stats(step, output, occupancy, times))
+        swap = self.swapper.step_stats() if self.swapper is not None else NO_SWAP
+        return StepResult(outputs, step_stats(step, output, occupancy, times, swap))
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -197,6 +212,7 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self.num_steps,
             num_generated_tokens=self.num_generated_tokens,
+            swap=self.swapper.total_stats() if self.swapper is not None else NO_SWAP,
         )
 
     @property

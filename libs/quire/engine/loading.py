@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
+from quire.cache.paged_kv import kv_bytes_per_block
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
-from quire.engine.model_runner import kv_bytes_per_block
 from quire.model.checkpoint import resolve_model_path
 from quire.model.llama import LlamaModel
 from quire.model.loader import load_checkpoint

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-import quire.kernels as kernels
 from quire.block.tables import BlockTables
+from quire.cache.paged_kv import PagedKVCache
 from quire.engine.grammar_masks import GrammarRow, MaskJob, StructuredOutputs
 from quire.engine.prompt_logprobs import (
     LOGITS_SLICE_ROWS,
@@ -28,14 +28,7 @@ from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
 from quire.model.attention import AttentionMetadata
 from quire.model.llama import KVCache, LlamaModel
-from quire.model.model_config import ModelConfig
 from quire.outputs import Logprob
-
-
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, keys and values."""
-    elem = torch.empty(0, dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,25 +65,22 @@ class ModelRunner:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        c = model.config
         self.model = model
         self.block_size = block_size
         self.device = device
         # Grammar masks for structured outputs; None until the engine serves a constrained
         # request (then every step asks it, and it does nothing without constrained rows).
         self.structured: StructuredOutputs | None = None
-        shape = (num_blocks, block_size, c.num_kv_heads, c.head_dim)
-        # Zeroed, not empty: never-written slots must not hold NaNs a masked kernel could touch.
-        self.kv_caches: list[KVCache] = [
-            (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-            )
-            for _ in range(c.num_layers)
-        ]
+        # The physical KV blocks, and the block copy path (read/write blocks as host buffers).
+        self.kv = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
         # The executor's one record of the block tables that index these tensors: the
         # scheduler's allocator steps apply to it, slot mappings are built from it.
         self.tables = BlockTables(block_size)
+
+    @property
+    def kv_caches(self) -> list[KVCache]:
+        """Per layer (key, value): `[num_blocks, block_size, num_kv_heads, head_dim]` each."""
+        return self.kv.layers
 
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
         """Run the step's tokens through the model and sample every due output."""
@@ -115,11 +105,7 @@ class ModelRunner:
         """Logits `[num_sampling_seqs, vocab]` float32, rows in `step.scheduled` order, and
         the prompt logprobs of the chunks that need them."""
         vocab = self.model.config.vocab_size
-        if step.copies:
-            mapping = torch.tensor(step.copies, dtype=torch.int64, device=self.device)
-            kernels.copy_blocks(
-                [k for k, _ in self.kv_caches], [v for _, v in self.kv_caches], mapping
-            )
+        self.kv.copy_blocks(step.copies)
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []

@@ -1,17 +1,25 @@
-"""Continuous-batching scheduler: FCFS admission, chunked prefill, preemption by recompute.
+"""Continuous-batching scheduler: FCFS admission, chunked prefill, preemption.
 
 Each step it decides how many tokens every sequence runs (token budget
 `max_num_batched_tokens`, at most `max_num_seqs` running), asks the block
 allocator for room in ONE batched call, and emits a `SchedulerOutput`. It keeps
 token accounting only: block tables are the executor's `BlockTables` (the model
 runner's), through which the scheduler takes each allocator step.
+
+A preempted sequence waits again with every token it has and `num_computed_tokens` 0; its
+full computed blocks (block ids, as its table was before the step) go out in the step
+object for the engine to swap out. When it is re-admitted, its computed tokens are the
+allocator's prefix hits plus what a `PrefixLoader` (swap mode: quire.engine.swap) wrote
+into the blocks after them: both are tokens it did not compute, counted the same way.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from quire.block.allocator import (
     AdmitRequest,
@@ -39,6 +47,16 @@ class SchedulerConfig:
         return cls(config.max_num_seqs, config.max_num_batched_tokens, extra_key)
 
 
+class PrefixLoader(Protocol):
+    """Fills a resumed sequence's new blocks after its prefix hits with KV kept elsewhere."""
+
+    def load_prefix(self, token_ids: Seq[int], block_ids: Seq[int], num_cached_tokens: int) -> int:
+        """Write KV into `block_ids` after the first `num_cached_tokens` (whole blocks) and
+        return how many more leading tokens are now computed: whole blocks, never reaching
+        the last token."""
+        ...
+
+
 @dataclass(frozen=True)
 class ScheduledSeq:
     """One sequence in this step: run `num_new_tokens` starting at `num_computed_tokens`."""
@@ -63,6 +81,10 @@ class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     copies: list[tuple[int, int]] = field(default_factory=list)  # (src, dst) blocks
     preempted: list[Sequence] = field(default_factory=list)
+    # seq_id -> the block ids of each preempted sequence's full computed blocks, from its
+    # table as it was before this step: their KV is intact until this step's copies and
+    # forward pass, and can be swapped out before them.
+    preempted_blocks: dict[str, list[int]] = field(default_factory=dict)
     num_not_admitted: int = 0  # waiting sequences offered to the pool and refused
     # Request ids admitted to the pool for the first time (their queue wait ends here).
     first_scheduled: list[str] = field(default_factory=list)
@@ -84,7 +106,11 @@ class Scheduler:
     """
 
     def __init__(
-        self, config: SchedulerConfig, allocator: BlockAllocator, tables: BlockTables
+        self,
+        config: SchedulerConfig,
+        allocator: BlockAllocator,
+        tables: BlockTables,
+        prefix_loader: PrefixLoader | None = None,
     ) -> None:
         if tables.block_size != allocator.block_size:
             raise ValueError(
@@ -94,6 +120,8 @@ class Scheduler:
         self.config = config
         self.allocator = allocator
         self.tables = tables
+        # Resumed sequences' blocks after their prefix hits (swap mode); None: recompute.
+        self.prefix_loader = prefix_loader
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._pending_frees: list[str] = []
@@ -198,8 +226,11 @@ class Scheduler:
             allocator_s=time.perf_counter() - started,
         )
         by_id = {s.seq_id: s for s in self.running}
+        block_size = self.allocator.block_size
         for seq_id in result.preempted:
             seq = by_id[seq_id]
+            table = self.tables.preempted_tables[seq_id]
+            out.preempted_blocks[seq_id] = table[: seq.num_computed_tokens // block_size]
             self.running.remove(seq)
             self._requeue(seq)
             out.preempted.append(seq)
@@ -216,6 +247,8 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             seq.num_allocated_tokens = seq.num_tokens
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
+            if seq.request.was_scheduled:  # a resume after preemption
+                seq.num_computed_tokens += self._load_prefix(seq)
             if seq.index == 0 and seq.request.num_cached_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
             if not seq.request.was_scheduled:
@@ -227,6 +260,15 @@ class Scheduler:
         self.running.sort(key=lambda s: s.priority)
         return out
 
+    def _load_prefix(self, seq: Sequence) -> int:
+        """Tokens the prefix loader wrote after a resumed sequence's prefix hits."""
+        if self.prefix_loader is None or seq.request.needs_prompt_logprobs:
+            return 0
+        table = self.tables.get(seq.seq_id)
+        num_loaded = self.prefix_loader.load_prefix(seq.token_ids, table, seq.num_computed_tokens)
+        assert seq.num_computed_tokens + num_loaded < seq.num_tokens, "the last token is computed"
+        return num_loaded
+
     @staticmethod
     def _scheduled(seq: Sequence, num_new_tokens: int) -> ScheduledSeq:
         indices: tuple[int, ...] = ()
@@ -237,7 +279,8 @@ class Scheduler:
         return ScheduledSeq(seq, seq.num_computed_tokens, num_new_tokens, indices)
 
     def _requeue(self, seq: Sequence) -> None:
-        """Preemption by recompute: forget computed KV, wait again in arrival order."""
+        """Preempted: forget computed KV (what was swapped out may be loaded back on
+        re-admission), wait again in arrival order."""
         seq.status = SeqStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0

@@ -18,6 +18,22 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class SwapStats:
+    """KV blocks moved by preemption in swap mode (quire.engine.swap), and the host pool."""
+
+    num_blocks_out: int  # blocks copied to the host pool from preempted sequences
+    num_blocks_in: int  # blocks loaded back into resumed sequences (host hits)
+    num_blocks_missed: int  # full blocks a resume looked for and had to recompute
+    num_bytes_out: int
+    num_bytes_in: int
+    host_bytes_used: int  # held in the host pool (after the step, for a step's stats)
+    host_bytes_capacity: int  # the pool's size (0: swapping is off)
+
+
+NO_SWAP = SwapStats(0, 0, 0, 0, 0, 0, 0)  # an engine that recomputes preempted sequences
+
+
+@dataclass(frozen=True, slots=True)
 class StepStats:
     """One engine step: the work scheduled, the pool's answer and where the time went."""
 
@@ -26,7 +42,7 @@ class StepStats:
     num_decode_tokens: int  # one per sequence that was already caught up
     num_sampled: int  # logit rows sampled (n>1 forks sample one row several times)
     attended_context_tokens: int  # sum over computed tokens of the context each attends to
-    num_preempted: int  # sequences preempted (recompute) to make room
+    num_preempted: int  # sequences preempted to make room (recompute or swap)
     num_not_admitted: int  # waiting sequences the pool could not take this step
     num_running: int  # after scheduling
     num_waiting: int  # after scheduling
@@ -37,6 +53,7 @@ class StepStats:
     forward_s: float  # block copies, input building and the model's forward pass
     sample_s: float  # sampling and logprobs
     update_s: float  # appending tokens, forks, stops and the step's deltas
+    swap: SwapStats = NO_SWAP  # KV swapped out (preemptions) and in (resumes) this step
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -62,6 +79,7 @@ class EngineStats:
     num_preemptions: int
     num_steps: int
     num_generated_tokens: int
+    swap: SwapStats = NO_SWAP  # totals since the engine started, and the host pool now
 
 
 def step_stats(
@@ -69,9 +87,10 @@ def step_stats(
     output: ModelRunnerOutput,
     occupancy: tuple[int, int, int],
     times: tuple[float, float, float],
+    swap: SwapStats = NO_SWAP,
 ) -> StepStats:
     """`occupancy`: running, waiting and KV-holding tokens after scheduling; `times`: the
-    schedule, execute and update parts' wall seconds."""
+    schedule, execute and update parts' wall seconds; `swap`: what the step swapped."""
     num_decode = num_prefill = attended = 0
     for s in step.scheduled:
         c, n = s.num_computed_tokens, s.num_new_tokens
@@ -99,4 +118,5 @@ def step_stats(
         forward_s=execute_s - output.sample_s,
         sample_s=output.sample_s,
         update_s=update_s,
+        swap=swap,
     )
