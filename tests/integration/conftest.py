@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -15,6 +15,20 @@ from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@contextmanager
+def running_stack(
+    config: StackConfig, run_dir: Path, start_timeout_s: float = 120, healthy_timeout_s: float = 30
+) -> Iterator[Stack]:
+    """`config`'s stack, started, with every executor healthy at the router; stopped after."""
+    s = Stack(config, run_dir, cwd=REPO)
+    try:
+        s.start(timeout_s=start_timeout_s)
+        wait_for_executors(s, config.num_executors, timeout_s=healthy_timeout_s)
+        yield s
+    finally:
+        s.stop()
 
 
 @pytest.fixture(scope="package")
@@ -28,15 +42,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         max_pending_per_executor=24,
         max_pending_total=40,
         redis_prefix=f"quire-test-{ports['executor_base_port']}",
-        python=sys.executable,
     )
-    s = Stack(config, tmp_path_factory.mktemp("stack"), cwd=REPO)
-    try:
-        s.start(timeout_s=120)
-        wait_for_executors(s, 2)
+    with running_stack(config, tmp_path_factory.mktemp("stack")) as s:
         yield s
-    finally:
-        s.stop()
 
 
 def wait_for_executors(s: Stack, n: int, timeout_s: float = 30.0) -> list[dict]:

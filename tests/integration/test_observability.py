@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from services.router.router_metrics import RouterMetrics
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 from tests.integration.conftest import REPO, wait_idle
+from tests.services.conftest import wait_for
 
 MODEL = "quire-tiny"
 REQUEST_ID = "test-rid-123"
@@ -87,14 +86,6 @@ def json_lines(path: Path) -> list[dict[str, Any]]:
         if line.startswith("{"):
             out.append(json.loads(line))
     return out
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
 
 
 # --- the dashboard, without a stack ---------------------------------------------------------
@@ -253,7 +244,7 @@ def test_memory_manager_metrics(stack: Stack, traffic: dict[str, Any]) -> None:
         used = total(samples, "quire_memory_manager_blocks_used")
         return used == 0 and total(samples, "quire_memory_manager_blocks_cached") > 0
 
-    wait_until(idle_with_cached_blocks, what="idle pools with cached blocks")
+    wait_for(idle_with_cached_blocks, what="idle pools with cached blocks", poll_s=0.2)
     assert total(samples, "quire_memory_manager_step_duration_seconds_count") > 0
     assert total(samples, "quire_memory_manager_steps_total") > 0
     assert total(samples, "quire_memory_manager_registered_executors") == c.num_executors
@@ -302,7 +293,7 @@ def test_request_id_reaches_every_service_log(stack: Stack, traffic: dict[str, A
         ]
         return any(s["num_admitted"] for s in steps) and any(s["num_freed"] for s in steps)
 
-    wait_until(mm_saw_admit_and_free, what="the memory manager's step lines")
+    wait_for(mm_saw_admit_and_free, what="the memory manager's step lines", poll_s=0.2)
     assert all(s["executor_id"] == served_by for s in steps)
 
 

@@ -7,7 +7,6 @@ import dataclasses
 import json
 import random
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +21,7 @@ from services.router.prompts import load_tokenizer
 from services.stack.ports import free_port, stack_ports
 from services.stack.runner import Stack, terminate
 from services.stack.spec import StackConfig, stack_processes
-from tests.integration.conftest import REPO, wait_for_executors
+from tests.integration.conftest import REPO, running_stack
 
 MODEL = "smollm2-135m-instruct"
 NUM_SCHEMAS = 50
@@ -38,15 +37,10 @@ def smol_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         num_executors=1,
         num_kv_blocks=1024,
         redis_prefix=f"quire-so-{ports['executor_base_port']}",
-        python=sys.executable,
     )
-    stack = Stack(config, tmp_path_factory.mktemp("so-stack"), cwd=REPO)
-    try:
-        stack.start(timeout_s=180)
-        wait_for_executors(stack, 1, timeout_s=60)
+    run_dir = tmp_path_factory.mktemp("so-stack")
+    with running_stack(config, run_dir, start_timeout_s=180, healthy_timeout_s=60) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 @pytest.fixture(scope="module")

@@ -39,13 +39,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Poll `predicate` every 20 ms until it holds; AssertionError after `timeout_s`."""
+def wait_for(
+    predicate: Callable[[], bool], timeout_s: float = 10.0, what: str = "", poll_s: float = 0.02
+) -> None:
+    """Poll `predicate` every `poll_s` until it holds; AssertionError after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what or predicate}")
-        time.sleep(0.02)
+        time.sleep(poll_s)
 
 
 class LoopThread:

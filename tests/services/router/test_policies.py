@@ -22,6 +22,12 @@ def served_by(router: RouterHandle, prompt: Any) -> str:
     return response.headers["x-quire-executor"]
 
 
+def hash_params_and_metrics(router: RouterHandle) -> tuple[dict[str, Any], str]:
+    """The hash parameters /cluster/status reports, and the /metrics text."""
+    with router.admin() as admin:
+        return admin.get("/cluster/status").json()["hash_params"], admin.get("/metrics").text
+
+
 def test_round_robin_cycles_whatever_the_cache(cluster: Cluster) -> None:
     cluster.seed_prefix("ex-c", PROMPT)
     router = cluster.router(routing_policy="round-robin")
@@ -70,13 +76,11 @@ def test_executors_that_disagree_on_block_size_are_loud(cluster: Cluster) -> Non
     # Routing still works by the documented rule: the majority's hashes, prefix hits from
     # the executors that agree.
     assert served_by(router, PROMPT) == "ex-c"
-    with router.admin() as admin:
-        status = admin.get("/cluster/status").json()
-        metrics = admin.get("/metrics").text
-    assert status["hash_params"]["mismatch"] is True
-    assert status["hash_params"]["block_size"] == 16
-    assert status["hash_params"]["disagreeing"] == ["ex-a"]
-    assert [g["executors"] for g in status["hash_params"]["groups"]] == [["ex-b", "ex-c"], ["ex-a"]]
+    params, metrics = hash_params_and_metrics(router)
+    assert params["mismatch"] is True
+    assert params["block_size"] == 16
+    assert params["disagreeing"] == ["ex-a"]
+    assert [g["executors"] for g in params["groups"]] == [["ex-b", "ex-c"], ["ex-a"]]
     assert "quire_router_hash_params_mismatch 1.0" in metrics
     assert "quire_router_hash_params_disagreeing_executors 1.0" in metrics
 
@@ -90,14 +94,9 @@ def test_executor_extra_key_replaces_the_router_flag(cluster: Cluster) -> None:
     cluster.redis.sadd(f"{cluster.prefix}:prefix:ex-b:7", *hashes)
     router = cluster.router()
     assert served_by(router, PROMPT) == "ex-b"
-    with router.admin() as admin:
-        status = admin.get("/cluster/status").json()
-        metrics = admin.get("/metrics").text
-    assert status["hash_params"]["mismatch"] is False
-    assert (status["hash_params"]["block_size"], status["hash_params"]["extra_key"]) == (
-        8,
-        "served-elsewhere",
-    )
+    params, metrics = hash_params_and_metrics(router)
+    assert params["mismatch"] is False
+    assert (params["block_size"], params["extra_key"]) == (8, "served-elsewhere")
     assert "quire_router_hash_params_mismatch 0.0" in metrics
 
 
