@@ -10,6 +10,7 @@ import pytest
 from services.executor.executor_server import ExecutorServer
 from services.rpc import executor_pb2 as pb
 from tests.services.conftest import LoopThread
+from tests.services.executor.conftest import NUM_KV_BLOCKS
 from tests.services.executor.test_generate import PROMPT, generate, status, target
 
 U32 = 2**32 - 1  # a "negative" value sent as uint32 arrives as a huge one
@@ -20,6 +21,12 @@ U32 = 2**32 - 1  # a "negative" value sent as uint32 arrives as a huge one
     [
         ([], pb.SamplingParams(), "prompt_token_ids"),
         ([1, 4096], pb.SamplingParams(), "prompt_token_ids"),  # == vocab size
+        ([1, 99999], pb.SamplingParams(), "prompt_token_ids"),
+        ([5] * 4000, pb.SamplingParams(), "context"),
+        ([5] * (NUM_KV_BLOCKS * 16 + 1), pb.SamplingParams(), "KV blocks"),
+        (PROMPT, pb.SamplingParams(temperature=-1.0), "temperature"),
+        (PROMPT, pb.SamplingParams(top_p=0.0), "top_p"),
+        (PROMPT, pb.SamplingParams(logprobs=99), "logprobs"),
         ([1, U32], pb.SamplingParams(), "prompt_token_ids"),
         (PROMPT, pb.SamplingParams(n=129), "n must be"),
         (PROMPT, pb.SamplingParams(n=U32), "n must be"),

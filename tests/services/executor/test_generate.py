@@ -178,34 +178,6 @@ def test_abort_of_some_outputs_ends_only_those(
     assert aio.run(wait_idle(target(local_executor))).load.kv_blocks_used == 0
 
 
-@pytest.mark.parametrize(
-    ("prompt", "params", "message"),
-    [
-        (PROMPT, pb.SamplingParams(temperature=-1.0), "temperature"),
-        (PROMPT, pb.SamplingParams(top_p=0.0), "top_p"),
-        (PROMPT, pb.SamplingParams(logprobs=99), "logprobs"),
-        ([], pb.SamplingParams(), "prompt_token_ids"),
-        ([1, 99999], pb.SamplingParams(), "prompt_token_ids"),
-        ([5] * 4000, pb.SamplingParams(), "context"),
-        ([5] * (NUM_KV_BLOCKS * 16 + 1), pb.SamplingParams(), "KV blocks"),
-    ],
-)
-def test_invalid_request_is_invalid_argument(
-    aio: LoopThread,
-    local_executor: ExecutorServer,
-    prompt: list[int],
-    params: pb.SamplingParams,
-    message: str,
-) -> None:
-    request = pb.GenerateRequest(request_id="bad", prompt_token_ids=prompt, params=params)
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        aio.run(generate(target(local_executor), request))
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert message in (info.value.details() or "")
-    st = aio.run(status(target(local_executor)))
-    assert (st.load.num_running, st.load.num_waiting, st.load.kv_blocks_used) == (0, 0, 0)
-
-
 def test_cancelled_stream_frees_its_blocks(aio: LoopThread, local_executor: ExecutorServer) -> None:
     address = target(local_executor)
 
