@@ -6,6 +6,8 @@ proto) and `RemoteBlockAllocator` (the reverse), so the two stay exact mirrors.
 
 from __future__ import annotations
 
+import dataclasses
+
 from quire.block.allocator import (
     AdmitRequest,
     AllocatorStats,
@@ -116,28 +118,12 @@ def live_from_proto(message: pb.LiveSequence) -> LiveSequenceState:
 
 
 def stats_to_proto(stats: AllocatorStats) -> pb.PoolStats:
-    """PoolStats for a GetStats response."""
-    return pb.PoolStats(
-        num_blocks_total=stats.num_blocks_total,
-        num_blocks_used=stats.num_blocks_used,
-        num_blocks_cached=stats.num_blocks_cached,
-        num_blocks_shared=stats.num_blocks_shared,
-        prefix_cache_queries=stats.prefix_cache_queries,
-        prefix_cache_hits=stats.prefix_cache_hits,
-        num_copies=stats.num_copies,
-        num_preemptions=stats.num_preemptions,
-    )
+    """PoolStats for a GetStats response (the proto's fields are AllocatorStats' names)."""
+    return pb.PoolStats(**dataclasses.asdict(stats))
 
 
 def stats_from_proto(message: pb.PoolStats) -> AllocatorStats:
     """AllocatorStats from a GetStats response."""
     return AllocatorStats(
-        num_blocks_total=message.num_blocks_total,
-        num_blocks_used=message.num_blocks_used,
-        num_blocks_cached=message.num_blocks_cached,
-        num_blocks_shared=message.num_blocks_shared,
-        prefix_cache_queries=message.prefix_cache_queries,
-        prefix_cache_hits=message.prefix_cache_hits,
-        num_copies=message.num_copies,
-        num_preemptions=message.num_preemptions,
+        **{f.name: getattr(message, f.name) for f in dataclasses.fields(AllocatorStats)}
     )
