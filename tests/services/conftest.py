@@ -127,14 +127,19 @@ class RedisServer:
         terminate(self.proc, timeout_s=5)
         self.proc = None
 
+    def __enter__(self) -> RedisServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
 
 @pytest.fixture
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     """A fresh redis-server for this test, stopped at teardown."""
-    server = RedisServer(log_dir=tmp_path)
-    server.start()
-    yield server
-    server.stop()
+    with RedisServer(log_dir=tmp_path) as server:
+        yield server
 
 
 @pytest.fixture

@@ -53,10 +53,8 @@ def local_executor(aio: LoopThread, tiny_model: Path) -> Iterator[ExecutorServer
 @pytest.fixture(scope="module")
 def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """One redis-server for the module (the shared `redis_server` fixture is per test)."""
-    server = RedisServer(log_dir=tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with RedisServer(log_dir=tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")

@@ -182,10 +182,8 @@ def fakes(bg_loop: LoopThread) -> Iterator[dict[str, FakeServer]]:
 
 @pytest.fixture(scope="session")
 def shared_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    server = RedisServer(log_dir=tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server
-    server.stop()
+    with RedisServer(log_dir=tmp_path_factory.mktemp("redis")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
