@@ -11,7 +11,7 @@ it always equals the index.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, event, settings
+from hypothesis import event, settings
 from hypothesis.stateful import invariant, rule
 
 from quire.block import BlockManager, LiveSequenceState, hash_full_blocks
@@ -68,10 +68,8 @@ class RestoringMachine(BlockManagerMachine):
         assert self.published == set(self.m.indexed_hashes())
 
 
+# The block machine's settings (no deadline, the same health checks off), fewer examples.
 RestoringMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    BlockManagerMachine.TestCase.settings, max_examples=200, stateful_step_count=30
 )
 TestRestoringMachine = RestoringMachine.TestCase
