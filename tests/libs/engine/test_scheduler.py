@@ -87,12 +87,18 @@ def test_preemption_takes_latest_arrival_and_requeues_it_first() -> None:
     assert sched.num_preemptions == 1
 
 
-def test_finished_sequences_are_freed_by_the_next_call() -> None:
-    manager = BlockManager(16, 4)
+def one_step_of_a(manager: BlockManager) -> tuple[Scheduler, Sequence]:
+    """A scheduler over `manager` after one step of a 9-token prompt "a" (3 blocks)."""
     sched = scheduler(budgets(), manager)
     a = make_seq("a", 0, 9)
     sched.add(a)
     run_step(sched)
+    return sched, a
+
+
+def test_finished_sequences_are_freed_by_the_next_call() -> None:
+    manager = BlockManager(16, 4)
+    sched, a = one_step_of_a(manager)
     assert manager.stats().num_blocks_used == 3
     sched.finish(a)
     sched.flush()
@@ -104,10 +110,7 @@ def test_finished_sequences_are_freed_by_the_next_call() -> None:
 
 def test_flush_ships_frees_without_admitting_anyone() -> None:
     manager = BlockManager(16, 4)
-    sched = scheduler(budgets(), manager)
-    a = make_seq("a", 0, 9)
-    sched.add(a)
-    run_step(sched)
+    sched, a = one_step_of_a(manager)
     waiting = make_seq("w", 1, 5)
     sched.add(waiting)
     sched.finish(a)
