@@ -28,7 +28,7 @@ from services.router.tool_parsers.base import (
     ToolParser,
     new_call_id,
 )
-from services.router.tool_parsers.json_text import read_arguments
+from services.router.tool_parsers.json_text import stream_arguments
 from services.router.tool_schemas import Tool
 
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -137,10 +137,7 @@ class RequiredCallsParser(_ForcedParser):
                 out.calls.append(CallDelta(call.index, "", call.id, name))
             call = self.calls[self._open]
             # (the head matched before any space after its colon, which this skips)
-            self._args_start, end, new = read_arguments(self.text, self._args_start, call.arguments)
-            if new:
-                call.arguments += new
-                out.calls.append(CallDelta(call.index, new))
+            self._args_start, end = stream_arguments(self.text, self._args_start, call, out)
             if end is None:
                 return out
             tail = _CALL_TAIL.match(self.text, end)

@@ -29,7 +29,7 @@ from services.router.tool_parsers.base import (
     new_call_id,
     register_tool_parser,
 )
-from services.router.tool_parsers.json_text import read_arguments
+from services.router.tool_parsers.json_text import stream_arguments
 from services.router.tool_schemas import Tool
 
 HERMES_OPEN = "<tool_call>"
@@ -142,10 +142,7 @@ class HermesToolParser(ToolParser):
             return True
         if self._state == "arguments":
             call = self.calls[-1]
-            self._args_start, end, new = read_arguments(self.text, self._args_start, call.arguments)
-            if new:
-                call.arguments += new
-                out.calls.append(CallDelta(call.index, new))
+            self._args_start, end = stream_arguments(self.text, self._args_start, call, out)
             if end is None:
                 return False
             self._state, self._pos = "tail", end

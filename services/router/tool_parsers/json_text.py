@@ -3,6 +3,8 @@ from the format's text after them, before the whole output is there."""
 
 from __future__ import annotations
 
+from services.router.tool_parsers.base import CallDelta, ParsedDelta
+
 
 def json_value_end(text: str, start: int) -> int | None:
     """The index just past the JSON value starting at `start`, or None if it is unfinished."""
@@ -47,3 +49,15 @@ def read_arguments(text: str, start: int, arguments: str) -> tuple[int, int | No
     end = json_value_end(text, start)
     stop = len(text) if end is None else end
     return start, end, text[start + len(arguments) : stop]
+
+
+def stream_arguments(
+    text: str, start: int, call: CallDelta, out: ParsedDelta
+) -> tuple[int, int | None]:
+    """Read on in `call`'s arguments (`read_arguments`): the new text is added to the call and
+    streamed in `out`. Returns where they start and where they end (None while unfinished)."""
+    start, end, new = read_arguments(text, start, call.arguments)
+    if new:
+        call.arguments += new
+        out.calls.append(CallDelta(call.index, new))
+    return start, end
