@@ -72,6 +72,12 @@ class LoopThread:
         self.thread.join(10)
         self.loop.close()
 
+    def __enter__(self) -> LoopThread:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 async def _cancel_other_tasks() -> None:
     tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]

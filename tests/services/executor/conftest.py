@@ -24,9 +24,8 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="module")
 def aio() -> Iterator[LoopThread]:
-    loop = LoopThread()
-    yield loop
-    loop.close()
+    with LoopThread() as loop:
+        yield loop
 
 
 @pytest.fixture(scope="module")

@@ -167,9 +167,8 @@ class Cluster:
 
 @pytest.fixture(scope="session")
 def bg_loop() -> Iterator[LoopThread]:
-    bg = LoopThread()
-    yield bg
-    bg.close()
+    with LoopThread() as bg:
+        yield bg
 
 
 @pytest.fixture(scope="session")
