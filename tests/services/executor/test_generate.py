@@ -6,6 +6,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -45,6 +46,17 @@ def offline(tiny_model: Path) -> LLM:
 
 def target(server: ExecutorServer) -> str:
     return f"127.0.0.1:{server.port}"
+
+
+def request_ignoring_eos(
+    request_id: str, prompt: list[int] = PROMPT, **params: Any
+) -> pb.GenerateRequest:
+    """A Generate request whose outputs run to max_tokens (EOS ignored), with `params`."""
+    return pb.GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt,
+        params=pb.SamplingParams(ignore_eos=True, **params),
+    )
 
 
 async def generate(address: str, request: pb.GenerateRequest) -> StreamResult:
@@ -95,11 +107,7 @@ def assert_same_as_offline(result: StreamResult, offline: LLM, params: SamplingP
 def test_greedy_stream_equals_offline(
     aio: LoopThread, local_executor: ExecutorServer, offline: LLM
 ) -> None:
-    request = pb.GenerateRequest(
-        request_id="greedy",
-        prompt_token_ids=PROMPT,
-        params=pb.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3),
-    )
+    request = request_ignoring_eos("greedy", temperature=0.0, max_tokens=24, logprobs=3)
     result = aio.run(generate(target(local_executor), request))
     params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, logprobs=3)
     assert_same_as_offline(result, offline, params)
@@ -112,11 +120,7 @@ def test_greedy_stream_equals_offline(
 def test_n3_returns_three_outputs(
     aio: LoopThread, local_executor: ExecutorServer, offline: LLM
 ) -> None:
-    request = pb.GenerateRequest(
-        request_id="n3",
-        prompt_token_ids=PROMPT,
-        params=pb.SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True),
-    )
+    request = request_ignoring_eos("n3", n=3, temperature=1.0, seed=7, max_tokens=8)
     result = aio.run(generate(target(local_executor), request))
     assert sorted(result.outputs) == [0, 1, 2]
     assert all(
@@ -132,12 +136,8 @@ def test_stop_token_id_ends_with_stop(
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     [full] = offline.generate([{"prompt_token_ids": PROMPT}], greedy, use_tqdm=False)
     stop_id = full.outputs[0].token_ids[5]
-    request = pb.GenerateRequest(
-        request_id="stop-id",
-        prompt_token_ids=PROMPT,
-        params=pb.SamplingParams(
-            temperature=0.0, max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]
-        ),
+    request = request_ignoring_eos(
+        "stop-id", temperature=0.0, max_tokens=24, stop_token_ids=[stop_id]
     )
     result = aio.run(generate(target(local_executor), request))
     out = result.outputs[0]
@@ -150,11 +150,7 @@ def test_abort_of_some_outputs_ends_only_those(
     aio: LoopThread, local_executor: ExecutorServer
 ) -> None:
     """What the router sends when a stop string matched one output of n."""
-    request = pb.GenerateRequest(
-        request_id="partial-abort",
-        prompt_token_ids=PROMPT,
-        params=pb.SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=40, ignore_eos=True),
-    )
+    request = request_ignoring_eos("partial-abort", n=2, temperature=1.0, seed=3, max_tokens=40)
 
     async def run() -> tuple[dict[int, Streamed], bool]:
         async with grpc.aio.insecure_channel(target(local_executor)) as channel:
@@ -185,10 +181,8 @@ def test_cancelled_stream_frees_its_blocks(aio: LoopThread, local_executor: Exec
         async with grpc.aio.insecure_channel(address) as channel:
             stub = executor_pb2_grpc.ExecutorStub(channel)
             call = stub.Generate(
-                pb.GenerateRequest(
-                    request_id="cancel-me",
-                    prompt_token_ids=PROMPT * 4,
-                    params=pb.SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True),
+                request_ignoring_eos(
+                    "cancel-me", prompt=PROMPT * 4, temperature=0.0, max_tokens=500
                 )
             )
             for _ in range(3):
@@ -209,11 +203,7 @@ def test_abort_rpc_ends_stream_with_abort(aio: LoopThread, local_executor: Execu
         async with grpc.aio.insecure_channel(address) as channel:
             stub = executor_pb2_grpc.ExecutorStub(channel)
             call = stub.Generate(
-                pb.GenerateRequest(
-                    request_id="abort-me",
-                    prompt_token_ids=PROMPT,
-                    params=pb.SamplingParams(n=2, temperature=0.0, max_tokens=500, ignore_eos=True),
-                )
+                request_ignoring_eos("abort-me", n=2, temperature=0.0, max_tokens=500)
             )
             first = await call.read()
             found = (await stub.Abort(pb.AbortRequest(request_id="abort-me"))).found
@@ -235,11 +225,7 @@ def test_duplicate_request_id_is_already_exists(
     aio: LoopThread, local_executor: ExecutorServer
 ) -> None:
     address = target(local_executor)
-    request = pb.GenerateRequest(
-        request_id="twice",
-        prompt_token_ids=PROMPT,
-        params=pb.SamplingParams(temperature=0.0, max_tokens=500, ignore_eos=True),
-    )
+    request = request_ignoring_eos("twice", temperature=0.0, max_tokens=500)
 
     async def body() -> grpc.StatusCode:
         async with grpc.aio.insecure_channel(address) as channel:
@@ -282,11 +268,7 @@ def test_status_and_health(aio: LoopThread, local_executor: ExecutorServer) -> N
 def test_metrics_use_vllm_names_with_quire_prefix(
     aio: LoopThread, local_executor: ExecutorServer
 ) -> None:
-    request = pb.GenerateRequest(
-        request_id="metrics",
-        prompt_token_ids=PROMPT,
-        params=pb.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-    )
+    request = request_ignoring_eos("metrics", temperature=0.0, max_tokens=4)
     aio.run(generate(target(local_executor), request))
     aio.run(wait_idle(target(local_executor)))
     assert local_executor.metrics is not None
