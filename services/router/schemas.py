@@ -181,6 +181,8 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False  # the returned text (and logprobs) start with the prompt
+    # vLLM's extra: each choice also carries its prompt's and its tokens' ids
+    return_token_ids: bool = False
     suffix: str | None = None
     best_of: int | None = Field(None, ge=1, le=MAX_N)  # candidates; the best n by logprob
 
@@ -327,16 +329,21 @@ PromptLogprobs = list[dict[int, PromptLogprob] | None]
 
 
 class _PromptLogprobsWhenAsked(BaseModel):
-    """`prompt_logprobs` appears on the wire only when asked for (OpenAI's objects lack it)."""
+    """vLLM's extras appear on the wire only when asked for (OpenAI's objects lack them)."""
 
     prompt_logprobs: PromptLogprobs | None = None  # vLLM's extra, when asked for
 
     @model_serializer(mode="wrap")
     def _drop_unasked(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if self.prompt_logprobs is None:
-            data.pop("prompt_logprobs", None)
+        for name in _UNASKED_EXTRAS:
+            if data.get(name, 0) is None:
+                data.pop(name)
         return data
+
+
+# vLLM's extras on a choice, left out of the object when not asked for.
+_UNASKED_EXTRAS = ("prompt_logprobs", "prompt_token_ids", "token_ids")
 
 
 class CompletionChoice(_PromptLogprobsWhenAsked):
@@ -345,6 +352,10 @@ class CompletionChoice(_PromptLogprobsWhenAsked):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    # vLLM's `return_token_ids`: the prompt's ids (on a choice's first chunk) and the ids of
+    # the tokens this object carries (all of them, or a chunk's new ones).
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(BaseModel):

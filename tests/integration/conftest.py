@@ -39,6 +39,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         **ports,
         num_executors=2,
         num_kv_blocks=512,
+        executor_dtype="bfloat16",  # what `auto` serves on CPUs with AVX512_BF16, pinned
         max_pending_per_executor=24,
         max_pending_total=40,
         redis_prefix=f"quire-test-{ports['executor_base_port']}",

@@ -73,6 +73,7 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
         n=body.n,
         echo_texts=_prompt_texts(body.prompt, prompts, state.tokenizer) if body.echo else None,
         num_prompt_logprobs=body.prompt_logprobs,
+        return_token_ids=body.return_token_ids,
     )
     return await serve_generation(
         request,
@@ -109,6 +110,7 @@ class CompletionShape:
     n: int = 1  # choices per prompt: choice i * n + j belongs to prompt i
     echo_texts: list[str] | None = None  # per prompt, when echo is on
     num_prompt_logprobs: int | None = None  # vLLM's prompt_logprobs, when asked for
+    return_token_ids: bool = False  # vLLM's return_token_ids
 
     def opening(self, num_choices: int) -> list[BaseModel]:
         """Completions start with the first text."""
@@ -145,6 +147,12 @@ class CompletionShape:
             finish_reason=update.finish_reason,
             stop_reason=update.stop_reason,
             prompt_logprobs=self._prompt_logprobs(update.prompt),
+            prompt_token_ids=(
+                list(update.prompt.token_ids)
+                if self.return_token_ids and update.prompt is not None
+                else None
+            ),
+            token_ids=list(update.token_ids) if self.return_token_ids else None,
         )
 
     def _logprobs(self, update: ChoiceUpdate, shift: int) -> CompletionLogprobs | None:

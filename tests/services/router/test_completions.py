@@ -288,3 +288,27 @@ def test_sampling_params_reach_the_executor(cluster: Cluster) -> None:
     assert abs(p.min_p - 0.1) < 1e-6 and abs(p.repetition_penalty - 1.2) < 1e-6
     assert abs(p.presence_penalty - 0.5) < 1e-6 and abs(p.frequency_penalty + 0.5) < 1e-6
     assert list(p.stop_token_ids) == [9] and not p.HasField("logprobs")
+
+
+def test_return_token_ids_whole_and_streamed(cluster: Cluster, tokenizer: Any) -> None:
+    """vLLM's `return_token_ids`: the prompt's ids once per choice, each object's token ids;
+    absent from the objects when not asked for."""
+    generated = tokenizer.encode(" one two three", add_special_tokens=False)
+    router = cluster.router()
+    body = {"model": MODEL_NAME, "prompt": "Hello there", "max_tokens": 3}
+    with router.http() as http:
+        plain = http.post("/v1/completions", json=body).json()
+        whole = http.post("/v1/completions", json=body | {"return_token_ids": True})
+        streamed = http.post(
+            "/v1/completions", json=body | {"return_token_ids": True, "stream": True}
+        )
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+    fake = cluster.fakes[whole.headers["x-quire-executor"]].executor
+    prompt_ids = list(fake.requests[-1].prompt_token_ids)
+    choice = whole.json()["choices"][0]
+    assert choice["prompt_token_ids"] == prompt_ids
+    assert choice["token_ids"] == generated
+    chunks = [json.loads(e)["choices"][0] for e in sse_events(streamed.text)[:-1]]
+    assert chunks[0]["prompt_token_ids"] == prompt_ids
+    assert all("prompt_token_ids" not in c for c in chunks[1:])
+    assert [t for c in chunks for t in c["token_ids"]] == generated
