@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+# Only hardware and environment skips are allowed; the rest fail the run.
+pytest_plugins = ["tests.skip_policy"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -35,6 +35,8 @@ from services.common import redis_client
 
 log = structlog.get_logger(__name__)
 
+# How long one Redis call of the publisher may take (connecting: half of it) before it gives up.
+REDIS_TIMEOUT_S = 2.0
 _MAX_ARGS = 8192  # hashes per SADD when rewriting a whole key (large pools)
 
 
@@ -97,7 +99,10 @@ class PrefixPublisher:
         """A publisher with its own client: short timeouts and no retries inside the
         client (a dead Redis fails the round fast; the publisher's loop retries)."""
         client = redis_client.connect(
-            url, timeout_s=2.0, connect_timeout_s=1.0, client_retries=False
+            url,
+            timeout_s=REDIS_TIMEOUT_S,
+            connect_timeout_s=REDIS_TIMEOUT_S / 2,
+            client_retries=False,
         )
         return cls(client, prefix, **kwargs)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,21 +128,29 @@ def test_prometheus_loads_every_alert_rule() -> None:
     assert loaded == {(g["name"], r["alert"]) for g in groups for r in g["rules"]}
 
 
-def test_grafana_runs_where_its_image_exists_and_is_left_out_where_not() -> None:
-    have_image = docker("image", "inspect", GRAFANA_IMAGE).returncode == 0
+def has_grafana_image() -> bool:
+    return docker("image", "inspect", GRAFANA_IMAGE).returncode == 0
+
+
+def test_grafana_runs_and_reports_healthy() -> None:
+    if not has_grafana_image():
+        pytest.skip(
+            f"needs the grafana image ({GRAFANA_IMAGE}): no registry is reachable here and no "
+            "Debian or PyPI package carries it, so the stack runs without Grafana"
+        )
     grafana = container_id("grafana")
-    if have_image:
-        assert grafana, f"{GRAFANA_IMAGE} is here but the stack has no grafana container"
-        state = docker("inspect", "-f", "{{.State.Health.Status}}", grafana).stdout.strip()
-        assert state in ("healthy", "starting"), state
-        return
-    warnings.warn(
-        f"Grafana is not available here ({GRAFANA_IMAGE} cannot be pulled and no Debian or "
-        "PyPI package carries it): the stack runs without it",
-        stacklevel=1,
-    )
-    assert not grafana, "a grafana container was created without its image"
+    assert grafana, f"{GRAFANA_IMAGE} is here but the stack has no grafana container"
+    state = docker("inspect", "-f", "{{.State.Health.Status}}", grafana).stdout.strip()
+    assert state in ("healthy", "starting"), state
+
+
+def test_a_stack_without_the_grafana_image_leaves_only_grafana_out() -> None:
+    grafana = container_id("grafana")
     assert "grafana" in compose("config", "--services").split()  # still in compose.yaml
+    if has_grafana_image():
+        assert grafana, f"{GRAFANA_IMAGE} is here but the stack has no grafana container"
+    else:
+        assert not grafana, "a grafana container was created without its image"
 
 
 @pytest.mark.parametrize("service", ["memory-manager", "executor-0", "executor-1", "router"])

@@ -31,7 +31,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _gpu_tests_need_cuda(request: pytest.FixtureRequest, device: str) -> None:
     if request.node.get_closest_marker("gpu") is not None and device != "cuda":
-        pytest.skip("needs --device cuda")
+        pytest.skip("needs CUDA (--device cuda)")
 
 
 @pytest.fixture
@@ -43,6 +43,21 @@ def _fresh_cpp_loader() -> Iterator[None]:
     cpp_attention._load.cache_clear()
     yield
     cpp_attention._load.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def cpp_kernels(device: str) -> None:
+    """The C++ CPU kernels, loaded: a test that uses them fails (never skips) where they do not
+    load, since `make test` and pytest_configure above build them for this CPU."""
+    if device != "cpu":
+        pytest.skip(
+            "needs --device cpu: the C++ kernels are CPU kernels (not built for --device cuda)"
+        )
+    from quire.kernels import cpp_attention
+
+    reason = cpp_attention.unavailable_reason()
+    if reason is not None:
+        pytest.fail(f"the C++ CPU kernels do not load: {reason}", pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

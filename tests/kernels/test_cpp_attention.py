@@ -20,10 +20,8 @@ from tests.kernels.helpers import (
     serial_and_parallel,
 )
 
-pytestmark = pytest.mark.skipif(
-    not cpp_attention.is_available(),
-    reason=f"C++ CPU kernels unavailable: {cpp_attention.unavailable_reason()}",
-)
+# The library is built by tests/kernels/conftest.py: if it does not load, these fail.
+pytestmark = pytest.mark.usefixtures("cpp_kernels")
 
 # (num_heads, num_kv_heads): MHA, GQA 3 (SmolLM2-135M's 9 / 3), GQA 4.
 HEAD_SHAPES = [(4, 4), (9, 3), (8, 2)]

@@ -64,7 +64,7 @@ def variant_outputs(
 
     if device != "cpu":
         # `make gpu-check` runs tests/kernels from a source tree with nothing built
-        pytest.skip("the C++ CPU builds are compared with --device cpu (make test)")
+        pytest.skip("needs --device cpu: the C++ CPU builds are compared there (make test)")
     folder = tmp_path_factory.mktemp("cpp_variants")
     runs = {
         name: _start(name, folder / f"{name}.safetensors") for name in {PORTABLE, _native_variant()}

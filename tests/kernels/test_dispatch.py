@@ -23,10 +23,8 @@ from quire.kernels import (
     triton_attention,
     triton_cache,
 )
+from tests.hardware import can_run_packed_linear
 from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
-
-# What "auto" picks on CPU tensors here: the C++ kernels once `make kernels-cpu` built them.
-CPU_DEFAULT = "cpp" if cpp_attention.is_available() else "torch"
 
 
 def test_import_does_not_import_triton() -> None:
@@ -37,7 +35,7 @@ def test_import_does_not_import_triton() -> None:
 @pytest.mark.parametrize(
     ("env_value", "device_type", "backend"),
     [
-        (None, "cpu", CPU_DEFAULT),
+        (None, "cpu", "cpp"),
         ("auto", "cuda", "triton"),
         ("torch", "cuda", "torch"),
         ("torch", "cpu", "torch"),
@@ -47,8 +45,14 @@ def test_import_does_not_import_triton() -> None:
     ],
 )
 def test_backend_choice(
-    monkeypatch: pytest.MonkeyPatch, env_value: str | None, device_type: str, backend: str
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    env_value: str | None,
+    device_type: str,
+    backend: str,
 ) -> None:
+    if env_value is None and device_type == "cpu":
+        request.getfixturevalue("cpp_kernels")  # "auto" takes them where they load
     if env_value is None:
         monkeypatch.delenv(backends.BACKEND_ENV_VAR, raising=False)
     else:
@@ -130,7 +134,7 @@ def test_packed_linears_run_only_under_the_cpp_backend(monkeypatch: pytest.Monke
         monkeypatch.setenv(backends.BACKEND_ENV_VAR, backend)
         assert backends.packed_linear(torch.float32) is None
     monkeypatch.setenv(backends.BACKEND_ENV_VAR, "cpp")
-    expected = packed_linear if packed_linear.cpu_supports(torch.float32) else None
+    expected = packed_linear if can_run_packed_linear(torch.float32) else None
     assert backends.packed_linear(torch.float32) is expected
     assert backends.packed_linear(torch.float16) is None  # no such kernel
 
@@ -178,8 +182,7 @@ def test_a_missing_library_is_logged_once(
 
 @pytest.mark.usefixtures("_fresh_cpp_loader")
 def test_a_stale_library_is_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not cpp_build.built_variants():
-        pytest.skip("C++ CPU kernels not built")
+    assert cpp_build.built_variants(), "tests/kernels/conftest.py builds this CPU's variant"
     monkeypatch.setattr(cpp_build, "source_sha256", lambda: "0" * 64)
     reason = cpp_attention.unavailable_reason()
     assert reason is not None and "older sources" in reason

@@ -13,10 +13,8 @@ from quire.kernels import cpp_attention, reference_fused
 from quire.model.model_config import RopeConfig
 from quire.model.rope import RotaryEmbedding
 
-pytestmark = pytest.mark.skipif(
-    not cpp_attention.is_available(),
-    reason=f"C++ CPU kernels unavailable: {cpp_attention.unavailable_reason()}",
-)
+# The library is built by tests/kernels/conftest.py: if it does not load, these fail.
+pytestmark = pytest.mark.usefixtures("cpp_kernels")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # RMSNorm: float32 sums in another order; 16-bit outputs may land one rounding step apart.

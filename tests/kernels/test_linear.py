@@ -6,16 +6,11 @@ import pytest
 import torch
 
 from quire.kernels import packed_linear
+from tests.hardware import needs_packed_linear
 from tests.kernels.helpers import serial_and_parallel
 
 DTYPES = [
-    pytest.param(
-        dtype,
-        marks=pytest.mark.skipif(
-            not packed_linear.cpu_supports(dtype),
-            reason=f"packed linears do not run here in {dtype}",
-        ),
-    )
+    pytest.param(dtype, marks=needs_packed_linear(dtype))
     for dtype in (torch.float32, torch.bfloat16)
 ]
 # (out_features, in_features): the default model's qkv and down, a width that is no multiple
@@ -99,9 +94,7 @@ def test_no_rows_give_an_empty_output(dtype: torch.dtype) -> None:
     assert out.shape == (0, 70) and out.dtype == dtype
 
 
-@pytest.mark.skipif(
-    not packed_linear.cpu_supports(torch.float32), reason="packed linears do not run here"
-)
+@needs_packed_linear(torch.float32)
 def test_misuse_raises_value_error() -> None:
     weight = torch.ones(70, 8)
     packed = packed_linear.pack_weight(weight)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from quire import LLM, SamplingParams
-from quire.kernels import backends as kernel_backends
+from tests.hardware import needs_packed_linear
 from tests.libs.engine.conftest import HFOracle, assert_matches_reference
 
 PROMPT_LENGTHS = [1, 2, 7, 15, 16, 17, 31, 32, 33, 48, 64, 100, 150, 201, 256, 300]
@@ -50,13 +50,7 @@ MODELS = ["tiny", "tiny-mqa", "tiny-qwen2"]
     autouse=True,
     params=[
         "auto",
-        pytest.param(
-            "packed",
-            marks=pytest.mark.skipif(
-                kernel_backends.packed_linear(torch.float32) is None,
-                reason="packed linears do not run on this CPU",
-            ),
-        ),
+        pytest.param("packed", marks=needs_packed_linear(torch.float32)),
     ],
 )
 def linear_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from quire.kernels import backends as kernel_backends
+from quire.model import linear as linear_module
 from quire.model.linear import (
     BACKENDS,
     MIN_WIDENED_ROWS,
@@ -16,14 +17,11 @@ from quire.model.linear import (
     head_backend,
     linear_backend,
 )
+from tests.hardware import can_run_packed_linear, needs_packed_linear
 
 CPU = torch.device("cpu")
-needs_onednn = pytest.mark.skipif(
-    not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN linear"
-)
 
 
-@needs_onednn
 @pytest.mark.parametrize("rows", [1, 3, 64, 257])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_onednn_bfloat16_linear_equals_f_linear_bit_for_bit(rows: int, with_bias: bool) -> None:
@@ -39,14 +37,61 @@ def test_onednn_bfloat16_linear_equals_f_linear_bit_for_bit(rows: int, with_bias
     assert torch.equal(packed(wide[:, :80]), F.linear(wide[:, :80], weight, bias))
 
 
+class _ChargedClock:
+    """A clock that a layer advances by its backend's cost per row, instead of real time."""
+
+    def __init__(self, cost_per_row: dict[str, float]) -> None:
+        self.now = 0.0
+        self.cost_per_row = cost_per_row
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_auto_with_shapes_takes_the_fastest_measured_backend(dtype: torch.dtype) -> None:
+def test_auto_takes_the_backend_its_clock_says_is_fastest(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Given timings known in advance (each backend charging the clock a set cost per row),
+    the tuning picks the cheapest and reports each one's cost relative to it."""
+    candidates = [b for b in linear_module._CANDIDATES[dtype] if linear_module._can_run(b, dtype)]
+    assert len(candidates) >= 2, candidates
+    # The last candidate is made the cheapest (the rule's fixed order would not pick it).
+    costs = {b: 3.0 + i for i, b in enumerate(candidates)} | {candidates[-1]: 1.0}
+    clock = _ChargedClock(costs)
+
+    class ChargedLinear(Linear):
+        depth = 0  # a widened layer calls its own narrow layer: only the outer call charges
+
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            if ChargedLinear.depth == 0:
+                clock.now += clock.cost_per_row[self.backend] * x.shape[0]
+            ChargedLinear.depth += 1
+            try:
+                return super().__call__(x)
+            finally:
+                ChargedLinear.depth -= 1
+
+    monkeypatch.setattr(linear_module, "time", clock)
+    monkeypatch.setattr(linear_module, "Linear", ChargedLinear)
+    shapes = ((40, 24), (24, 40))
+    linear_module.tuned_backend.cache_clear()
+    try:
+        assert linear_backend(dtype, CPU, "auto", shapes=shapes) == candidates[-1]
+    finally:
+        linear_module.tuned_backend.cache_clear()
+    # per batch size, two layers of cost c x rows: each slowdown is c / the cheapest's c
+    assert TUNINGS[dtype, shapes] == pytest.approx({b: c / 1.0 for b, c in costs.items()})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_auto_with_shapes_measures_every_backend_once(dtype: torch.dtype) -> None:
     shapes = ((96, 64), (64, 48), (128, 64))
     chosen = linear_backend(dtype, CPU, "auto", shapes=shapes)
     timings = TUNINGS[dtype, shapes]
-    assert chosen == min(timings, key=timings.__getitem__)
+    assert chosen in timings and min(timings.values()) == pytest.approx(timings[chosen])
     assert len(timings) >= 2 and set(timings) <= set(BACKENDS[1:])
-    assert all(seconds > 0 for seconds in timings.values())
+    assert all(seconds >= 1.0 for seconds in timings.values())  # relative to the fastest
     # measured once per process; a backend named outright is never measured
     assert linear_backend(dtype, CPU, "auto", shapes=shapes) == chosen
     assert linear_backend(dtype, CPU, "torch", shapes=shapes) == "torch"
@@ -65,7 +110,7 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         linear_backend(torch.float16, CPU, "onednn")
     # The LM head: packed where it runs, else oneDNN, on the CPU unless a backend is named.
     for dtype in (torch.float32, torch.bfloat16):
-        expected = "packed" if kernel_backends.packed_linear(dtype) is not None else "onednn"
+        expected = "packed" if can_run_packed_linear(dtype) else "onednn"
         assert head_backend(dtype, CPU, "auto") == expected
         assert head_backend(dtype, CPU, "widened") == expected
         assert head_backend(dtype, CPU, "torch") == "torch"
@@ -107,7 +152,6 @@ def test_widened_linear_is_the_rounded_float32_product(
             assert torch.equal(out, layer.narrow(x))
 
 
-@needs_onednn
 def test_engine_tokens_do_not_depend_on_the_linear_backend(
     tiny_model: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -124,9 +168,7 @@ def test_engine_tokens_do_not_depend_on_the_linear_backend(
     assert outputs["onednn"] == outputs["torch"]
 
 
-@pytest.mark.skipif(
-    kernel_backends.packed_linear(torch.float32) is None, reason="packed linears do not run here"
-)
+@needs_packed_linear(torch.float32)
 def test_packed_float32_engine_gives_the_torch_backends_greedy_tokens(
     tiny_model: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:

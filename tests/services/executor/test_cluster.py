@@ -127,13 +127,11 @@ def test_liveness_record_then_expiry_after_sigkill(
     assert stats is not None and stats.num_blocks_total == NUM_KV_BLOCKS
 
     executor.proc.send_signal(signal.SIGKILL)
-    killed_at = time.monotonic()
     executor.proc.wait(10)
     # Nothing refreshes the record any more: it has at most LIVENESS_TTL_S left.
     assert redis_client.pttl(executor_key(PREFIX, "exec-kill")) <= LIVENESS_TTL_S * 1000
-    wait_for(lambda: executor.record(redis_client) is None, LIVENESS_TTL_S + 2, "record expiry")
-    # Polling every 20 ms on a loaded machine: allow a little scheduling slack.
-    assert time.monotonic() - killed_at <= LIVENESS_TTL_S + 0.5
+    # ... and Redis drops it then (the deadline only bounds the wait; the TTL is checked above).
+    wait_for(lambda: executor.record(redis_client) is None, LIVENESS_TTL_S + 5, "record expiry")
 
 
 async def _stream_through_sigterm(
