@@ -56,7 +56,12 @@ class MemoryManagerServer:
             raise RuntimeError(f"cannot bind {self.settings.host}:{self.settings.port}")
         manager_id = self.settings.manager_id or f"{self.settings.host}:{self.port}"
         servicer = MemoryManagerServicer(
-            self.pools, self.publisher, self.metrics, manager_id, self.settings.log_prompts
+            self.pools,
+            self.publisher,
+            self.metrics,
+            manager_id,
+            self.settings.log_prompts,
+            self.settings.pull_lease_s,
         )
         memory_manager_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

@@ -11,6 +11,7 @@ them to Redis in the background: Redis never delays or fails a Step.
 from __future__ import annotations
 
 import time
+import uuid
 from typing import NoReturn
 
 import grpc
@@ -26,6 +27,7 @@ from services.common.wire.memory_manager import (
 from services.memory_manager.manager_metrics import ManagerMetrics
 from services.memory_manager.pools import ExecutorPool, ExecutorPools, UnknownExecutorError
 from services.memory_manager.prefix_publisher import PrefixPublisher
+from services.memory_manager.pull_broker import PullBroker
 from services.rpc import memory_manager_pb2 as pb
 from services.rpc import memory_manager_pb2_grpc as pb_grpc
 
@@ -76,12 +78,15 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
         metrics: ManagerMetrics,
         manager_id: str,
         log_prompts: bool = False,
+        pull_lease_s: float = 10.0,
     ) -> None:
         self.pools = pools
         self.publisher = publisher
         self.metrics = metrics
         self.manager_id = manager_id
         self.log_prompts = log_prompts  # log admitted token ids
+        # Pins name this instance, not just the manager's id: a restart (same id) holds none.
+        self.pulls = PullBroker(pools, f"{manager_id}/{uuid.uuid4().hex[:12]}", pull_lease_s)
 
     async def Register(  # noqa: N802 (gRPC method name)
         self, request: pb.RegisterRequest, context: grpc.aio.ServicerContext
@@ -98,11 +103,14 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
                 request.enable_prefix_caching,
                 request.address,
                 live,
+                request.accepts_pulls,
             )
         except ValueError as exc:
             await self._abort(context, "Register", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except StaleEpochError as exc:
             await self._abort(context, "Register", grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        if old is not None:
+            self.pulls.forget_executor(old.executor_id, old.epoch)
         # The new pool's index is published whole; the key of a replaced epoch is deleted.
         pool.manager.drain_index_events()
         if self.publisher is not None:
@@ -128,7 +136,11 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
         pool = await self._pool(request.executor_id, request.epoch, context, "Step")
         try:
             check_step(request)
-            result = pool.manager.step(step_from_proto(request))
+            step = step_from_proto(request)
+            self.pulls.release(step.released_pins)
+            self.pulls.expire()
+            result = pool.manager.step(step)
+            self.pulls.offer(pool, step.admits, result)
         except ValueError as exc:
             log.warning("malformed step", executor_id=pool.executor_id, error=str(exc))
             await self._abort(context, "Step", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -178,6 +190,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
         except StaleEpochError as exc:
             await self._abort(context, "Deregister", grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         if pool is not None:
+            self.pulls.forget_executor(pool.executor_id, pool.epoch)
             if self.publisher is not None:
                 self.publisher.drop(pool.executor_id, pool.epoch)
             self.metrics.forget(pool.executor_id)

@@ -31,6 +31,11 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(
         2.0, ge=0, description="seconds in-flight RPCs get to finish on SIGTERM"
     )
+    pull_lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="seconds a pin on a peer's blocks lasts when the puller never releases it",
+    )
     log_level: str = Field("info", description="structlog level: debug, info, warning, error")
     log_prompts: bool = Field(False, description="log the token ids of admitted prompts")
     tls_cert: str = Field("", description="PEM certificate: serve gRPC over TLS ('' = plaintext)")

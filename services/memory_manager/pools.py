@@ -31,6 +31,8 @@ class ExecutorPool:
     epoch: int
     address: str  # host:port where routers reach the executor
     manager: BlockManager
+    # Whether the executor copies peers' blocks when offered (PullOffer in its steps).
+    accepts_pulls: bool = False
 
 
 class ExecutorPools:
@@ -54,6 +56,7 @@ class ExecutorPools:
         enable_prefix_caching: bool,
         address: str,
         live: list[LiveSequenceState],
+        accepts_pulls: bool = False,
     ) -> tuple[ExecutorPool, ExecutorPool | None]:
         """Create (or replace) the executor's pool, rebuilt from `live`.
 
@@ -73,7 +76,7 @@ class ExecutorPools:
             )
         manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
         manager.restore(live)  # ValueError: the old state stays
-        pool = ExecutorPool(executor_id, epoch, address, manager)
+        pool = ExecutorPool(executor_id, epoch, address, manager, accepts_pulls)
         self._pools[executor_id] = pool
         return pool, old
 

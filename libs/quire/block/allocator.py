@@ -9,6 +9,9 @@ process boundary, by the memory manager over gRPC.
 
 Processing order inside one call (every implementation must follow it):
 
+0. `released_pins` -- drop the pins of earlier `pulls` the caller is done with (it pulled
+                   the blocks, or gave up); a pin this allocator does not hold (it expired,
+                   or the allocator restarted since granting it) is ignored.
 1. `forks`      -- the child shares all of the parent's blocks (refcount + 1).
 2. `commits`    -- record how many tokens of each sequence now have their KV in
                    the cache; every full block below that mark gets its chained
@@ -31,6 +34,15 @@ Processing order inside one call (every implementation must follow it):
                    after it are listed in `not_admitted`, holding nothing. If any
                    sequence was preempted in this call, no admit is processed
                    (all are `not_admitted`): preempted work goes back first.
+
+6. `pulls`      -- (only an allocator that sees other executors' pools: the memory manager)
+                   for each admitted prompt, the run of full blocks right after its
+                   local hits that one peer holds (never the block of the last token),
+                   pinned on the peer (refcount + 1) until the caller releases the pin
+                   or its lease runs out. The caller may copy those blocks' KV from the
+                   peer into its table's blocks at the same positions and count them as
+                   computed, or ignore the offer and compute them; either way it
+                   releases the pin in a later step.
 
 The result carries block tables as deltas (`table_updates`: only the sequences
 whose table changed, and only the changed tail; see quire.block.tables), so a
@@ -83,10 +95,34 @@ class ForkRequest:
     child_seq_id: str
 
 
+@dataclass(frozen=True)
+class PullOffer:
+    """Blocks of an admitted prompt that a peer executor holds: copy them instead of computing.
+
+    Pulled block i lands in the caller's table at `first_block + i` (`first_block` =
+    the admit's cached tokens // block size) and holds tokens
+    [(first_block + i) * block_size, (first_block + i + 1) * block_size).
+    """
+
+    # Names the pin on the source blocks; released in a later StepAllocation.
+    pin_id: str
+    source_executor_id: str
+    # host:port of the source executor's gRPC server (its ReadBlocks call)
+    source_address: str
+    # The allocator instance that granted the pin: the source refuses a read whose pin
+    # another instance granted (a restarted manager holds no such pin).
+    granted_by: str
+    first_block: int
+    # Physical block ids on the source, in logical order.
+    source_block_ids: tuple[int, ...]
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepAllocation:
     """Everything one engine step asks of the allocator, applied in the module's order."""
 
+    # Pins of earlier pulls the caller no longer needs (`PullOffer.pin_id`).
+    released_pins: tuple[str, ...] = ()
     forks: tuple[ForkRequest, ...] = ()
     commits: tuple[CommitRequest, ...] = ()
     frees: tuple[str, ...] = ()
@@ -130,6 +166,8 @@ class StepAllocationResult:
     # With `verify_tables`: seq_id -> quire.block.tables.table_checksum of its full
     # table, for every sequence the step names (fork children, appends, admits).
     table_checksums: dict[str, int] = field(default_factory=dict)
+    # seq_id -> blocks a peer holds past its local hits (admitted prompts; see PullOffer).
+    pulls: dict[str, PullOffer] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ it into Redis.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+
 from quire.block.allocator import (
     AdmitRequest,
     AllocatorStats,
@@ -49,6 +52,8 @@ class BlockManager:
         self._num_hits = 0
         self._num_copies = 0
         self._num_preemptions = 0
+        # block id -> references held by pins (blocks a peer is copying; see `pin`)
+        self._pinned: Counter[int] = Counter()
 
     # ---------------------------------------------------------------- queries
 
@@ -260,6 +265,36 @@ class BlockManager:
         result.num_cached_tokens[admit.seq_id] = num_cached
         return True
 
+    # ------------------------------------------------------------------- pins
+
+    def pin(self, block_hashes: Sequence[bytes]) -> list[int]:
+        """Reference the blocks indexed under the leading run of `block_hashes` (up to the
+        first hash not indexed here), so that they are neither evicted nor reused until
+        `unpin`: a peer can copy their KV meanwhile. Returns their ids, in order."""
+        pinned = []
+        for block_hash in block_hashes:
+            block_id = self.pool.lookup(block_hash)
+            if block_id is None:
+                break
+            self.pool.touch(block_id)
+            self._pinned[block_id] += 1
+            pinned.append(block_id)
+        return pinned
+
+    def unpin(self, block_ids: Sequence[int]) -> None:
+        """Drop pins `pin` took (a block back at refcount 0 is cached again)."""
+        for block_id in block_ids:
+            if self._pinned[block_id] < 1:
+                raise ValueError(f"unpin: block {block_id} is not pinned")
+            self._pinned[block_id] -= 1
+            if not self._pinned[block_id]:
+                del self._pinned[block_id]
+            self.pool.release(block_id)
+
+    @property
+    def num_pinned_blocks(self) -> int:
+        return len(self._pinned)
+
     # ---------------------------------------------------------------- helpers
 
     def _allocate(self) -> int:
@@ -295,11 +330,13 @@ class BlockManager:
             for block_id in seq.block_table:
                 references[block_id] += 1
             self._check_seq_hashes(seq_id, seq)
+        for block_id, count in self._pinned.items():
+            references[block_id] += count
         for block_id, count in enumerate(references):
             refcount = self.pool.refcount(block_id)
             if refcount != count:
                 raise AssertionError(
-                    f"block {block_id}: refcount {refcount} but {count} table references"
+                    f"block {block_id}: refcount {refcount} but {count} table and pin references"
                 )
         self.pool.check_counters()
 

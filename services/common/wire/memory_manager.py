@@ -14,6 +14,7 @@ from quire.block.allocator import (
     AppendRequest,
     CommitRequest,
     ForkRequest,
+    PullOffer,
     StepAllocation,
     StepAllocationResult,
     TableUpdate,
@@ -46,6 +47,7 @@ def step_to_proto(executor_id: str, epoch: int, step: StepAllocation) -> pb.Step
             for a in step.admits
         ],
         verify_tables=step.verify_tables,
+        released_pins=list(step.released_pins),
     )
 
 
@@ -61,6 +63,7 @@ def step_from_proto(request: pb.StepRequest) -> StepAllocation:
             for a in request.admits
         ),
         verify_tables=request.verify_tables,
+        released_pins=tuple(request.released_pins),
     )
 
 
@@ -76,6 +79,10 @@ def result_to_proto(result: StepAllocationResult) -> pb.StepResponse:
             for seq_id, update in result.table_updates.items()
         },
         table_checksums=result.table_checksums,
+        pulls={
+            seq_id: pb.PullOffer(**dataclasses.asdict(offer))
+            for seq_id, offer in result.pulls.items()
+        },
     )
 
 
@@ -92,6 +99,18 @@ def result_from_proto(response: pb.StepResponse) -> StepAllocationResult:
         not_admitted=list(response.not_admitted),
         table_updates=updates,
         table_checksums=dict(response.table_checksums),
+        pulls={seq_id: _offer_from_proto(offer) for seq_id, offer in response.pulls.items()},
+    )
+
+
+def _offer_from_proto(message: pb.PullOffer) -> PullOffer:
+    return PullOffer(
+        pin_id=message.pin_id,
+        source_executor_id=message.source_executor_id,
+        source_address=message.source_address,
+        granted_by=message.granted_by,
+        first_block=message.first_block,
+        source_block_ids=tuple(message.source_block_ids),
     )
 
 

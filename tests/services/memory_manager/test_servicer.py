@@ -222,3 +222,34 @@ def test_new_epoch_replaces_state(stub: pb_grpc.MemoryManagerStub) -> None:
     # z's third block is new; its first two stay.
     update = response.table_updates["z"]
     assert (update.start, list(update.block_ids)) == (2, [0])
+
+
+def test_a_peers_blocks_are_offered_pinned_and_released(stub: pb_grpc.MemoryManagerStub) -> None:
+    for executor_id, port in (("e1", 7001), ("e2", 7002)):
+        stub.Register(
+            register_request(
+                executor_id=executor_id, address=f"127.0.0.1:{port}", accepts_pulls=True
+            )
+        )
+
+    def step(executor_id: str, step: StepAllocation) -> pb.StepResponse:
+        return stub.Step(step_to_proto(executor_id, 1, step))
+
+    def states(executor_id: str) -> bytes:
+        return stub.GetBlockStates(pb.GetBlockStatesRequest(executor_id=executor_id)).states
+
+    # e2 computes A (2 full blocks + 2) and finishes: its two full blocks stay cached.
+    step("e2", StepAllocation(admits=(AdmitRequest("a", A),)))
+    step("e2", StepAllocation(commits=(CommitRequest("a", len(A)),), frees=("a",)))
+    cached = [i for i, s in enumerate(states("e2")) if s == 2]
+    assert len(cached) == 2
+    offered = step("e1", StepAllocation(admits=(AdmitRequest("x", A),)))
+    assert offered.num_cached_tokens == {"x": 0}
+    offer = offered.pulls["x"]
+    assert (offer.source_executor_id, offer.source_address) == ("e2", "127.0.0.1:7002")
+    assert (offer.first_block, sorted(offer.source_block_ids)) == (0, cached)
+    assert offer.granted_by  # this manager instance
+    assert [states("e2")[b] for b in offer.source_block_ids] == [1, 1]  # pinned: in use
+    # Released in e1's next step: cached again on e2.
+    step("e1", StepAllocation(released_pins=(offer.pin_id,)))
+    assert [states("e2")[b] for b in offer.source_block_ids] == [2, 2]
