@@ -10,6 +10,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from services.router.auth import ApiKeys, bearer_token, is_protected, key_id
+from tests.services.conftest import wait_for
 from tests.services.router.conftest import MODEL_NAME, Cluster
 
 KEY = "sk-quire-test-0123456789"
@@ -96,8 +97,12 @@ def test_keys_never_logged(cluster: Cluster, caplog: pytest.LogCaptureFixture) -
             headers={"Authorization": f"Bearer {KEY}"},
         )
         bad = http.get("/v1/models", headers={"Authorization": "Bearer sk-presented-wrong"})
+        # The access log line is written after the response has gone out.
+        wait_for(
+            lambda: any(e.get("event") == "request" and e.get("status") == 401 for e in events),
+            what="the 401's access log line",
+        )
     assert (good.status_code, bad.status_code) == (200, 401)
-    assert any(e.get("event") == "request" and e.get("status") == 401 for e in events)
     logged = repr(events) + caplog.text
     for secret in (KEY, "sk-presented-wrong"):
         assert secret not in logged
