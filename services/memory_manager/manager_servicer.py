@@ -136,11 +136,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
         pool = await self._pool(request.executor_id, request.epoch, context, "Step")
         try:
             check_step(request)
-            step = step_from_proto(request)
-            self.pulls.release(step.released_pins)
-            self.pulls.expire()
-            result = pool.manager.step(step)
-            self.pulls.offer(pool, step.admits, result)
+            result = self.pulls.step(pool, step_from_proto(request))
         except ValueError as exc:
             log.warning("malformed step", executor_id=pool.executor_id, error=str(exc))
             await self._abort(context, "Step", grpc.StatusCode.INVALID_ARGUMENT, str(exc))

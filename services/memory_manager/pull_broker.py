@@ -14,8 +14,8 @@ that does leaves pins nobody will release, which are dropped. A manager restart 
 pin; the offer names the manager instance that granted it, so a source never serves a read
 under a pin the current manager does not hold.
 
-No gRPC here: the servicer calls `offer` after each step, `release` before it, `expire` on
-every step, and `forget_executor` when an incarnation is replaced or leaves.
+No gRPC here: the servicer runs each executor's step through `step` (release, expire, the
+pool's step, offers) and calls `forget_executor` when an incarnation is replaced or leaves.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from quire.block.allocator import AdmitRequest, PullOffer, StepAllocationResult
+from quire.block.allocator import AdmitRequest, PullOffer, StepAllocation, StepAllocationResult
 from quire.block.hashing import hash_full_blocks
 from services.memory_manager.pools import ExecutorPool, ExecutorPools
 
@@ -70,6 +70,15 @@ class PullBroker:
         self.clock = clock
         self.pins: dict[str, Pin] = {}
         self.counters = PullCounters()
+
+    def step(self, pool: ExecutorPool, request: StepAllocation) -> StepAllocationResult:
+        """One executor's allocator step with pulls: its released pins dropped first (and
+        every expired one), then its pool's step, then offers for what it admitted."""
+        self.release(request.released_pins)
+        self.expire()
+        result = pool.manager.step(request)
+        self.offer(pool, request.admits, result)
+        return result
 
     def offer(
         self,

@@ -19,12 +19,13 @@ from quire.block.allocator import BlockAllocator
 from quire.block.manager import BlockManager
 from quire.block.tables import BlockTables
 from quire.cache.host_pool import HostBlockPool
+from quire.cache.paged_kv import PagedKVCache
 from quire.config import EngineConfig
 from quire.engine.grammar_masks import StructuredOutputs
 from quire.engine.inputs import Prompt, check_prompt_fits, seeded_generators, tokenize_prompt
 from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
-from quire.engine.scheduler import Scheduler, SchedulerConfig
+from quire.engine.scheduler import BlockPuller, Scheduler, SchedulerConfig
 from quire.engine.sequence import Request, Sequence
 from quire.engine.stats import NO_SWAP, EngineStats, StepStats, step_stats
 from quire.engine.swap import KVSwapper
@@ -49,13 +50,16 @@ class LLMEngine:
         config: EngineConfig,
         allocator: BlockAllocator | None = None,
         allocator_factory: Callable[[int, BlockTables], BlockAllocator] | None = None,
+        puller_factory: Callable[[PagedKVCache], BlockPuller] | None = None,
     ) -> None:
         """Load the model and size the KV pool.
 
         `allocator` is used as given; otherwise `allocator_factory(num_blocks, tables)`
         builds one once the pool is sized (a remote allocator must know its size before the
         engine starts, and re-registers from the model runner's `tables`); otherwise an
-        in-process `BlockManager`.
+        in-process `BlockManager`. `puller_factory(kv_cache)` builds what copies blocks a peer
+        holds into this engine's cache when the allocator offers them (none: offers are
+        declined and those blocks computed).
         """
         if allocator is not None and allocator_factory is not None:
             raise ValueError("pass allocator or allocator_factory, not both")
@@ -87,6 +91,7 @@ class LLMEngine:
             self.allocator,
             self.runner.tables,
             self.swapper,
+            None if puller_factory is None else puller_factory(self.runner.kv),
         )
         self.stop_rules = StopRules(self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}

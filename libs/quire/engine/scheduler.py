@@ -11,6 +11,11 @@ full computed blocks (block ids, as its table was before the step) go out in the
 object for the engine to swap out. When it is re-admitted, its computed tokens are the
 allocator's prefix hits plus what a `PrefixLoader` (swap mode: quire.engine.swap) wrote
 into the blocks after them: both are tokens it did not compute, counted the same way.
+
+An admitted prompt's next blocks may also be offered from a peer executor (the memory
+manager's `PullOffer`, right after the local hits): a `BlockPuller` copies them into the
+prompt's new blocks and they count as computed too. Whether it pulled or not, the offer's
+pin is released in the next allocator step.
 """
 
 from __future__ import annotations
@@ -27,11 +32,22 @@ from quire.block.allocator import (
     BlockAllocator,
     CommitRequest,
     ForkRequest,
+    PullOffer,
     StepAllocation,
 )
 from quire.block.tables import BlockTables
 from quire.config import EngineConfig
 from quire.engine.sequence import SeqStatus, Sequence
+
+
+class BlockPuller(Protocol):
+    """Copies blocks a peer executor holds into this executor's KV cache."""
+
+    def pull(self, offer: PullOffer, block_ids: Seq[int]) -> int:
+        """Copy the offer's source blocks into `block_ids` (as many, same order); return how
+        many leading blocks were written whole and verified (0 when it gave up: the caller
+        computes the rest)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -111,6 +127,7 @@ class Scheduler:
         allocator: BlockAllocator,
         tables: BlockTables,
         prefix_loader: PrefixLoader | None = None,
+        puller: BlockPuller | None = None,
     ) -> None:
         if tables.block_size != allocator.block_size:
             raise ValueError(
@@ -122,6 +139,9 @@ class Scheduler:
         self.tables = tables
         # Resumed sequences' blocks after their prefix hits (swap mode); None: recompute.
         self.prefix_loader = prefix_loader
+        # Copies peers' blocks offered to admitted prompts; None: offers are declined.
+        self.puller = puller
+        self._pending_released_pins: list[str] = []
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._pending_frees: list[str] = []
@@ -165,7 +185,12 @@ class Scheduler:
 
     def flush(self) -> None:
         """Send pending forks, commits and frees now (when idle, nothing else would carry them)."""
-        if self._pending_frees or self._pending_commits or self._pending_forks:
+        if (
+            self._pending_frees
+            or self._pending_commits
+            or self._pending_forks
+            or self._pending_released_pins
+        ):
             self.tables.step(self.allocator, self._take_pending())
 
     def _take_pending(
@@ -174,6 +199,7 @@ class Scheduler:
         admits: tuple[AdmitRequest, ...] = (),
     ) -> StepAllocation:
         request = StepAllocation(
+            released_pins=tuple(self._pending_released_pins),
             forks=tuple(self._pending_forks),
             commits=tuple(CommitRequest(k, v) for k, v in self._pending_commits.items()),
             frees=tuple(self._pending_frees),
@@ -181,6 +207,7 @@ class Scheduler:
             admits=admits,
         )
         self._pending_frees, self._pending_forks, self._pending_commits = [], [], {}
+        self._pending_released_pins = []
         return request
 
     # --- one step --------------------------------------------------------------------------
@@ -247,6 +274,9 @@ class Scheduler:
             seq.status = SeqStatus.RUNNING
             seq.num_allocated_tokens = seq.num_tokens
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
+            offer = result.pulls.get(seq.seq_id)
+            if offer is not None:
+                seq.num_computed_tokens += self._pull(seq, offer)
             if seq.request.was_scheduled:  # a resume after preemption
                 seq.num_computed_tokens += self._load_prefix(seq)
             if seq.index == 0 and seq.request.num_cached_tokens == 0:
@@ -259,6 +289,18 @@ class Scheduler:
             out.scheduled.append(self._scheduled(seq, n))
         self.running.sort(key=lambda s: s.priority)
         return out
+
+    def _pull(self, seq: Sequence, offer: PullOffer) -> int:
+        """Tokens copied from a peer into the blocks right after `seq`'s prefix hits."""
+        self._pending_released_pins.append(offer.pin_id)
+        block_size = self.allocator.block_size
+        if self.puller is None or offer.first_block * block_size != seq.num_computed_tokens:
+            return 0
+        first, count = offer.first_block, len(offer.source_block_ids)
+        table = self.tables.get(seq.seq_id)
+        num_pulled = self.puller.pull(offer, table[first : first + count]) * block_size
+        assert seq.num_computed_tokens + num_pulled < seq.num_tokens, "the last token is computed"
+        return num_pulled
 
     def _load_prefix(self, seq: Sequence) -> int:
         """Tokens the prefix loader wrote after a resumed sequence's prefix hits."""

@@ -29,8 +29,18 @@ class LLM:
                 f"unknown engine argument(s) {', '.join(unknown)}; EngineConfig takes "
                 + ", ".join(f.name for f in fields(EngineConfig) if f.name != "model")
             )
-        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
-        self.processor = OutputProcessor(self.engine.tokenizer)
+        self._attach(LLMEngine(EngineConfig(model=model, **engine_args)))
+
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> LLM:
+        """The offline API over an engine built by hand (its own allocator or puller)."""
+        llm = cls.__new__(cls)
+        llm._attach(engine)
+        return llm
+
+    def _attach(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.processor = OutputProcessor(engine.tokenizer)
         self._ids = itertools.count()
 
     def get_tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
