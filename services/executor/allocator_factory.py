@@ -9,6 +9,9 @@ import structlog
 
 from quire.block.allocator import BlockAllocator, StepAllocation
 from quire.block.tables import BlockTables
+from quire.cache.paged_kv import PagedKVCache
+from quire.engine.scheduler import BlockPuller
+from services.executor.block_puller import GrpcBlockPuller
 from services.executor.executor_settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
 from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
 
@@ -47,7 +50,20 @@ def allocator_factory(
             step_metadata=step_metadata,
             tls_ca=settings.tls_ca,
             verify_every=settings.memory_manager_verify_every,
+            accepts_pulls=settings.enable_pulls,
         )
+
+    return make
+
+
+def puller_factory(settings: ExecutorSettings) -> Callable[[PagedKVCache], BlockPuller] | None:
+    """What copies peers' blocks into the engine's cache; None where nothing offers them (an
+    in-process allocator) or pulls are off."""
+    if settings.memory_manager == LOCAL_MEMORY_MANAGER or not settings.enable_pulls:
+        return None
+
+    def make(kv: PagedKVCache) -> BlockPuller:
+        return GrpcBlockPuller(kv, settings.pull_timeout_s, settings.tls_ca)
 
     return make
 

@@ -141,7 +141,7 @@ class ExecutorServer:
             identity.address,
             step_metadata=self.request_ids.step_metadata,
         )
-        return LLMEngine(config, allocator_factory=factory)
+        return LLMEngine(config, allocator_factory=factory, puller_factory=alloc.puller_factory(s))
 
     def request_stop(self, exit_code: int = 0) -> None:
         """Ask `wait_stop_requested()` to return (signal handler, fatal engine error)."""

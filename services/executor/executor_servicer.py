@@ -20,6 +20,7 @@ from services.common.wire.executor import (
     load_to_proto,
     params_from_proto,
 )
+from services.executor.block_reads import ReadRefused, read_blocks
 from services.executor.engine_loop import (
     Aborted,
     DuplicateRequestError,
@@ -181,6 +182,25 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             load=load_to_proto(load),
             draining=self.draining,
         )
+
+    async def ReadBlocks(  # noqa: N802
+        self, request: pb.ReadBlocksRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.BlockData]:
+        """A peer copies blocks pinned here for it (services/executor/block_reads.py)."""
+        engine = self.loop.engine
+        blocks = read_blocks(engine.runner.kv, engine.allocator, request)
+        while True:
+            try:
+                message = await asyncio.to_thread(next, blocks, None)
+            except ReadRefused as exc:
+                code = grpc.StatusCode.FAILED_PRECONDITION
+                if not exc.precondition:
+                    code = grpc.StatusCode.INVALID_ARGUMENT
+                log.warning("block read refused", error=str(exc))
+                await context.abort(code, str(exc))
+            if message is None:
+                return
+            yield message
 
     def _abort_quietly(self, request_id: str) -> None:
         # RuntimeError: the loop already stopped, which aborted everything.

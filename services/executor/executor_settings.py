@@ -60,6 +60,14 @@ class ExecutorSettings(BaseSettings):
         ge=0,
         description="check block-table checksums with the memory manager every N steps (0: never)",
     )
+    enable_pulls: bool = Field(
+        default=True,
+        description="copy an admitted prompt's blocks from the peer the memory manager "
+        "offers instead of computing them",
+    )
+    pull_timeout_s: float = Field(
+        default=5.0, gt=0, description="deadline of one pull from a peer; the rest is computed"
+    )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0", description="Redis for liveness records ('' disables)"
     )

@@ -135,11 +135,13 @@ class RemoteBlockAllocator:
         step_metadata: Callable[[StepAllocation], Sequence[tuple[str, str]]] | None = None,
         tls_ca: str = "",
         verify_every: int = 0,
+        accepts_pulls: bool = False,
     ) -> None:
         """`step_metadata(step)` is sent as gRPC metadata with that step's Step call (the
         executor sends the request ids the step touches, for the manager's logs).
         `tls_ca` (a PEM CA bundle path) dials the manager over TLS; '' is plaintext.
-        `verify_every`: check the tables' checksums every that many steps (0: never)."""
+        `verify_every`: check the tables' checksums every that many steps (0: never).
+        `accepts_pulls`: ask the manager to offer peers' blocks (PullOffer) in steps."""
         if verify_every < 0:
             raise ValueError(f"verify_every: must be >= 0, got {verify_every}")
         self.target = target
@@ -156,6 +158,9 @@ class RemoteBlockAllocator:
         self.max_backoff_s = max_backoff_s
         self.step_metadata = step_metadata
         self.manager_id: str | None = None  # from the last successful Register
+        # The manager process registered with: pins it grants name it (PullOffer.granted_by).
+        self.manager_instance: str | None = None
+        self.accepts_pulls = accepts_pulls
         self.num_registrations = 0
         self.verify_every = verify_every
         self.num_steps = 0
@@ -267,10 +272,12 @@ class RemoteBlockAllocator:
             enable_prefix_caching=self.enable_prefix_caching,
             address=self.address,
             live_sequences=[live_to_proto(state) for state in live],
+            accepts_pulls=self.accepts_pulls,
         )
         response = self._stub.Register(request, timeout=self.timeout_s)
         # The manager now holds exactly the executor's tables; updates apply on top of them.
         self.manager_id = response.manager_id
+        self.manager_instance = response.instance_id
         self.num_registrations += 1
         log.info(
             "registered with memory manager",

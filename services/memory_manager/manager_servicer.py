@@ -126,7 +126,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
             num_live_sequences=len(live),
             replaced_epoch=None if old is None else old.epoch,
         )
-        return pb.RegisterResponse(manager_id=self.manager_id)
+        return pb.RegisterResponse(manager_id=self.manager_id, instance_id=self.pulls.granted_by)
 
     async def Step(  # noqa: N802
         self, request: pb.StepRequest, context: grpc.aio.ServicerContext

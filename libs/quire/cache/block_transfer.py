@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -43,19 +44,33 @@ def rows_from_bytes(kv: PagedKVCache, blocks: Sequence[bytes]) -> torch.Tensor:
     return flat.view(kv.dtype).reshape(len(blocks), *kv.block_shape)
 
 
+@dataclass
+class PullStats:
+    """What a puller moved since it started (executor metrics: quire_executor_pull_*)."""
+
+    num_pulls: int = 0  # offers it acted on
+    num_blocks: int = 0  # blocks written and verified
+    num_bytes: int = 0
+    seconds: float = 0.0  # wall time of the pulls, transfer and write
+    num_fallbacks: int = 0  # pulls that got fewer blocks than offered (the rest computed)
+
+
 class InProcessPuller:
     """Pulls from peers' caches in this process (`sources`: executor id -> its cache)."""
 
     def __init__(self, sources: Mapping[str, PagedKVCache], destination: PagedKVCache) -> None:
         self.sources = sources
         self.destination = destination
-        self.num_blocks_pulled = 0
+        self.stats = PullStats()
 
     def pull(self, offer: PullOffer, block_ids: Sequence[int]) -> int:
+        self.stats.num_pulls += 1
         source = self.sources.get(offer.source_executor_id)
         if source is None or layout(source) != layout(self.destination):
+            self.stats.num_fallbacks += 1
             return 0
         rows = source.read_blocks(offer.source_block_ids)
         self.destination.write_blocks(block_ids, rows)
-        self.num_blocks_pulled += len(block_ids)
+        self.stats.num_blocks += len(block_ids)
+        self.stats.num_bytes += len(block_ids) * self.destination.bytes_per_block
         return len(block_ids)

@@ -108,7 +108,7 @@ def test_pulled_prefixes_give_the_computed_tokens(
         min(len(c) // BLOCK_SIZE, (len(f) - 1) // BLOCK_SIZE)
         for c, f in zip(contexts, follow_ups, strict=True)
     )
-    assert cluster.pullers["b"].num_blocks_pulled == expected_blocks
+    assert cluster.pullers["b"].stats.num_blocks == expected_blocks
     assert cluster.pools.find("a").manager.num_pinned_blocks == 0  # every pin released
     assert cluster.broker.pins == {} and cluster.broker.counters.num_released == len(contexts)
     # The pulled blocks count as cached prompt tokens, like local hits.
@@ -125,4 +125,4 @@ def test_n_greater_than_one_forks_after_a_pull(model_zoo: dict[str, Path]) -> No
     contexts, follow_ups = prompts(alone.engine.model.config.vocab_size)
     greedy(first, contexts)
     assert greedy(second, follow_ups, n=3) == greedy(alone, follow_ups, n=3)
-    assert cluster.pullers["b"].num_blocks_pulled > 0
+    assert cluster.pullers["b"].stats.num_blocks > 0
