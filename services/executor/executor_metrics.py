@@ -66,6 +66,21 @@ _SWAP_SERIES = (
     ),
 )
 
+# Blocks copied from peers instead of computed (the memory manager's PullOffers): series
+# name, the StepStats.pull field it counts, help.
+_PULL_SERIES = (
+    ("pulls", "num_pulls", "Offers of a peer's blocks this executor pulled from."),
+    ("pulled_blocks", "num_blocks", "KV blocks copied from peers, checked and written."),
+    ("pulled_bytes", "num_bytes", "Bytes of KV copied from peers."),
+    ("pull_seconds", "seconds", "Wall seconds spent pulling (transfer, checks and writes)."),
+    (
+        "pull_fallbacks",
+        "num_fallbacks",
+        "Pulls that got fewer blocks than offered (source gone, slow or refusing): the rest "
+        "was computed.",
+    ),
+)
+
 
 class ExecutorMetrics:
     """The executor's Prometheus series, labelled with the served model name."""
@@ -145,6 +160,14 @@ class ExecutorMetrics:
         self.swap_in_misses = swap["swap_in_misses"]
         # (counter, the StepStats.swap field it counts)
         self._swap_fields = [(swap[name], field) for name, field, _ in _SWAP_SERIES]
+        # Blocks pulled from peers; no vLLM v1 equivalent (its KV connectors count their own).
+        pull = {name: own_counter(name, doc) for name, _, doc in _PULL_SERIES}
+        self.pulls = pull["pulls"]
+        self.pulled_blocks = pull["pulled_blocks"]
+        self.pulled_bytes = pull["pulled_bytes"]
+        self.pull_seconds = pull["pull_seconds"]
+        self.pull_fallbacks = pull["pull_fallbacks"]
+        self._pull_fields = [(pull[name], field) for name, field, _ in _PULL_SERIES]
         self._prefix_totals: tuple[int, int] | None = None  # (queries, hits) last seen
 
     def observe_load(self, load: ExecutorLoad) -> None:
@@ -166,7 +189,7 @@ class ExecutorMetrics:
         self._prefix_totals = (num_queries, num_hits)
 
     def observe_step(self, stats: StepStats) -> None:
-        """Count one engine step's generated tokens, preemptions and swapped blocks."""
+        """Count one engine step's generated tokens, preemptions, swapped and pulled blocks."""
         if stats.num_sampled:
             self.generation_tokens.inc(stats.num_sampled)
         if stats.num_preempted:
@@ -176,6 +199,9 @@ class ExecutorMetrics:
             self.cpu_cache_usage_perc.set(swap.host_bytes_used / swap.host_bytes_capacity)
         for counter, field in self._swap_fields:
             if value := getattr(swap, field):
+                counter.inc(value)
+        for counter, field in self._pull_fields:
+            if value := getattr(stats.pull, field):
                 counter.inc(value)
 
     def serve(self, host: str, port: int) -> Any:

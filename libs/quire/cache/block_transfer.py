@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -53,6 +53,16 @@ class PullStats:
     num_bytes: int = 0
     seconds: float = 0.0  # wall time of the pulls, transfer and write
     num_fallbacks: int = 0  # pulls that got fewer blocks than offered (the rest computed)
+
+    def since(self, earlier: PullStats) -> PullStats:
+        """What was pulled after `earlier` (a copy of these stats taken before)."""
+        return PullStats(
+            *(getattr(self, f.name) - getattr(earlier, f.name) for f in fields(PullStats))
+        )
+
+
+def snapshot(stats: PullStats) -> PullStats:
+    return replace(stats)
 
 
 class InProcessPuller:

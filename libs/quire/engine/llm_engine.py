@@ -18,6 +18,7 @@ from pathlib import Path
 from quire.block.allocator import BlockAllocator
 from quire.block.manager import BlockManager
 from quire.block.tables import BlockTables
+from quire.cache.block_transfer import PullStats, snapshot
 from quire.cache.host_pool import HostBlockPool
 from quire.cache.paged_kv import PagedKVCache
 from quire.config import EngineConfig
@@ -176,6 +177,8 @@ class LLMEngine:
     def step(self) -> StepResult:
         """Schedule, execute, update: one engine step and what it produced."""
         started = time.perf_counter()
+        puller = self.scheduler.puller
+        pulled_before = None if puller is None else snapshot(puller.stats)
         step = self.scheduler.schedule()
         if self.swapper is not None:
             # Before the step's block copies and forward pass, which may overwrite them.
@@ -207,7 +210,10 @@ class LLMEngine:
                 self.requests.pop(delta.request_id, None)
         times = (scheduled - started, executed - scheduled, time.perf_counter() - executed)
         swap = self.swapper.step_stats() if self.swapper is not None else NO_SWAP
-        return StepResult(outputs, step_stats(step, output, occupancy, times, swap))
+        pull = (
+            None if pulled_before is None or puller is None else puller.stats.since(pulled_before)
+        )
+        return StepResult(outputs, step_stats(step, output, occupancy, times, swap, pull))
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -218,6 +224,9 @@ class LLMEngine:
             num_steps=self.num_steps,
             num_generated_tokens=self.num_generated_tokens,
             swap=self.swapper.total_stats() if self.swapper is not None else NO_SWAP,
+            pull=PullStats()
+            if self.scheduler.puller is None
+            else snapshot(self.scheduler.puller.stats),
         )
 
     @property

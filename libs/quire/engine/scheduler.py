@@ -36,12 +36,15 @@ from quire.block.allocator import (
     StepAllocation,
 )
 from quire.block.tables import BlockTables
+from quire.cache.block_transfer import PullStats
 from quire.config import EngineConfig
 from quire.engine.sequence import SeqStatus, Sequence
 
 
 class BlockPuller(Protocol):
     """Copies blocks a peer executor holds into this executor's KV cache."""
+
+    stats: PullStats  # what it pulled since it started
 
     def pull(self, offer: PullOffer, block_ids: Seq[int]) -> int:
         """Copy the offer's source blocks into `block_ids` (as many, same order); return how

@@ -7,10 +7,11 @@ queues or patch its methods to learn what a step cost.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from quire.block.allocator import AllocatorStats
+from quire.cache.block_transfer import PullStats
 
 if TYPE_CHECKING:
     from quire.engine.model_runner import ModelRunnerOutput
@@ -54,6 +55,7 @@ class StepStats:
     sample_s: float  # sampling and logprobs
     update_s: float  # appending tokens, forks, stops and the step's deltas
     swap: SwapStats = NO_SWAP  # KV swapped out (preemptions) and in (resumes) this step
+    pull: PullStats = field(default_factory=PullStats)  # blocks copied from peers this step
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -80,6 +82,7 @@ class EngineStats:
     num_steps: int
     num_generated_tokens: int
     swap: SwapStats = NO_SWAP  # totals since the engine started, and the host pool now
+    pull: PullStats = field(default_factory=PullStats)  # blocks copied from peers, totals
 
 
 def step_stats(
@@ -88,6 +91,7 @@ def step_stats(
     occupancy: tuple[int, int, int],
     times: tuple[float, float, float],
     swap: SwapStats = NO_SWAP,
+    pull: PullStats | None = None,
 ) -> StepStats:
     """`occupancy`: running, waiting and KV-holding tokens after scheduling; `times`: the
     schedule, execute and update parts' wall seconds; `swap`: what the step swapped."""
@@ -119,4 +123,5 @@ def step_stats(
         sample_s=output.sample_s,
         update_s=update_s,
         swap=swap,
+        pull=pull or PullStats(),
     )

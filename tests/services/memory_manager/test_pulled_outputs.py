@@ -109,6 +109,9 @@ def test_pulled_prefixes_give_the_computed_tokens(
         for c, f in zip(contexts, follow_ups, strict=True)
     )
     assert cluster.pullers["b"].stats.num_blocks == expected_blocks
+    pulled_stats = second.stats().pull  # the engine's totals, as the executor's metrics read
+    assert (pulled_stats.num_pulls, pulled_stats.num_blocks) == (len(contexts), expected_blocks)
+    assert pulled_stats.num_fallbacks == 0
     assert cluster.pools.find("a").manager.num_pinned_blocks == 0  # every pin released
     assert cluster.broker.pins == {} and cluster.broker.counters.num_released == len(contexts)
     # The pulled blocks count as cached prompt tokens, like local hits.

@@ -41,10 +41,14 @@ def test_every_metric_follows_the_naming_scheme() -> None:
     assert len(names) == len(set(names))
 
 
-# Executor series vLLM has no equivalent of: what preemption by swapping moved.
+# Executor series vLLM has no equivalent of: what preemption by swapping moved, and what
+# was pulled from peers.
 OWN_EXECUTOR_SERIES = {
     f"quire_executor_swap_{what}_total"
     for what in ("out_blocks", "out_bytes", "in_blocks", "in_bytes", "in_misses")
+} | {
+    f"quire_executor_{what}_total"
+    for what in ("pulls", "pulled_blocks", "pulled_bytes", "pull_seconds", "pull_fallbacks")
 }
 
 
