@@ -151,23 +151,19 @@ class ExecutorMetrics:
             "Host (CPU) swap pool usage as a fraction 0..1 of --swap-space (vLLM v0's name); "
             "0 when preempted sequences are recomputed.",
         )
-        # Preemption by swap (quire.engine.swap); no vLLM v1 equivalent.
-        swap = {name: own_counter(name, doc) for name, _, doc in _SWAP_SERIES}
-        self.swap_out_blocks = swap["swap_out_blocks"]
-        self.swap_out_bytes = swap["swap_out_bytes"]
-        self.swap_in_blocks = swap["swap_in_blocks"]
-        self.swap_in_bytes = swap["swap_in_bytes"]
-        self.swap_in_misses = swap["swap_in_misses"]
-        # (counter, the StepStats.swap field it counts)
-        self._swap_fields = [(swap[name], field) for name, field, _ in _SWAP_SERIES]
-        # Blocks pulled from peers; no vLLM v1 equivalent (its KV connectors count their own).
-        pull = {name: own_counter(name, doc) for name, _, doc in _PULL_SERIES}
-        self.pulls = pull["pulls"]
-        self.pulled_blocks = pull["pulled_blocks"]
-        self.pulled_bytes = pull["pulled_bytes"]
-        self.pull_seconds = pull["pull_seconds"]
-        self.pull_fallbacks = pull["pull_fallbacks"]
-        self._pull_fields = [(pull[name], field) for name, field, _ in _PULL_SERIES]
+        def counted(series: tuple[tuple[str, str, str], ...]) -> list[tuple[Any, str]]:
+            """Each series' counter (an attribute under its name) with the stats field it
+            counts."""
+            fields = []
+            for name, field, doc in series:
+                setattr(self, name, own_counter(name, doc))
+                fields.append((getattr(self, name), field))
+            return fields
+
+        # Preemption by swap (quire.engine.swap) and blocks pulled from peers: no vLLM v1
+        # equivalent (its KV connectors count their own).
+        self._swap_fields = counted(_SWAP_SERIES)  # StepStats.swap's fields
+        self._pull_fields = counted(_PULL_SERIES)  # StepStats.pull's fields
         self._prefix_totals: tuple[int, int] | None = None  # (queries, hits) last seen
 
     def observe_load(self, load: ExecutorLoad) -> None:

@@ -35,20 +35,24 @@ def generate(executor: Executor, request_id: str, prompt: list[int]) -> tuple[li
     return tokens, cached
 
 
+def computed_alone(tiny_model: Path) -> list[int]:
+    """FOLLOW_UP's tokens computed from scratch in this process (the executors' dtype)."""
+    alone = LLM(model=str(tiny_model), dtype="auto")
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    outputs = alone.generate([{"prompt_token_ids": FOLLOW_UP}], params, use_tqdm=False)
+    return list(outputs[0].outputs[0].token_ids)
+
+
 def test_a_follow_up_pulls_its_context_from_the_executor_that_computed_it(
     executor_factory: Callable[[str], Executor],  # noqa: F811
     memory_manager: ServiceProcess,
     tiny_model: Path,
 ) -> None:
     first, second = executor_factory("pull-src"), executor_factory("pull-dst")
-    expected, _ = generate(first, "ctx", CONTEXT)
-    alone = LLM(model=str(tiny_model), dtype="auto")
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    reference = alone.generate([{"prompt_token_ids": FOLLOW_UP}], params, use_tqdm=False)
+    assert len(generate(first, "ctx", CONTEXT)[0]) == 8
     tokens, cached = generate(second, "follow-up", FOLLOW_UP)
     assert cached == 64  # "pull-dst" had nothing: all four full blocks came from "pull-src"
-    assert tokens == list(reference[0].outputs[0].token_ids)
-    assert len(expected) == 8
+    assert tokens == computed_alone(tiny_model)
     stats = manager_stats(memory_manager.target, "pull-src")
     assert stats is not None and stats.num_blocks_used == 0  # the pin was released
 
@@ -63,12 +67,9 @@ def test_a_dead_source_means_the_prompt_is_computed(
     # Stopped, not gone: the manager still offers its blocks, and the pull cannot connect.
     first.proc.send_signal(signal.SIGSTOP)
     try:
-        alone = LLM(model=str(tiny_model), dtype="auto")
-        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-        reference = alone.generate([{"prompt_token_ids": FOLLOW_UP}], params, use_tqdm=False)
         tokens, cached = generate(second, "follow-up", FOLLOW_UP)
     finally:
         first.proc.send_signal(signal.SIGCONT)
     assert cached == 0
-    assert tokens == list(reference[0].outputs[0].token_ids)
+    assert tokens == computed_alone(tiny_model)
     assert "pull failed; computing instead" in second.log()
