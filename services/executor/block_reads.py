@@ -9,16 +9,11 @@ read naming another manager instance is refused, as is one whose block layout di
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from quire.block.allocator import BlockAllocator
 from quire.cache.block_transfer import block_bytes, checksum, layout
 from quire.cache.paged_kv import PagedKVCache
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.rpc import executor_pb2 as pb
-
-# Blocks read from the tensors at once (bounds the bytes held for one stream).
-READ_BATCH_BLOCKS = 8
 
 
 class ReadRefused(Exception):
@@ -31,8 +26,8 @@ class ReadRefused(Exception):
 
 def read_blocks(
     kv: PagedKVCache, allocator: BlockAllocator, request: pb.ReadBlocksRequest
-) -> Iterator[pb.BlockData]:
-    """The requested blocks, one message each, in order; ReadRefused before the first."""
+) -> list[pb.BlockData]:
+    """The requested blocks, one message each, in order; ReadRefused when it is not served."""
     registered = allocator.manager_instance if isinstance(allocator, RemoteBlockAllocator) else None
     if registered is None or request.granted_by != registered:
         raise ReadRefused(
@@ -44,7 +39,7 @@ def read_blocks(
     bad = [b for b in block_ids if not 0 <= b < kv.num_blocks]
     if bad:
         raise ReadRefused(f"block ids {bad[:8]} outside the pool's {kv.num_blocks}", False)
-    for start in range(0, len(block_ids), READ_BATCH_BLOCKS):
-        rows = kv.read_blocks(block_ids[start : start + READ_BATCH_BLOCKS])
-        for offset, data in enumerate(block_bytes(rows)):
-            yield pb.BlockData(index=start + offset, data=data, crc32=checksum(data))
+    return [
+        pb.BlockData(index=index, data=data, crc32=checksum(data))
+        for index, data in enumerate(block_bytes(kv.read_blocks(block_ids)))
+    ]

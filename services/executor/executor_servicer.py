@@ -188,18 +188,18 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     ) -> AsyncIterator[pb.BlockData]:
         """A peer copies blocks pinned here for it (services/executor/block_reads.py)."""
         engine = self.loop.engine
-        blocks = read_blocks(engine.runner.kv, engine.allocator, request)
-        while True:
-            try:
-                message = await asyncio.to_thread(next, blocks, None)
-            except ReadRefused as exc:
-                code = grpc.StatusCode.FAILED_PRECONDITION
-                if not exc.precondition:
-                    code = grpc.StatusCode.INVALID_ARGUMENT
-                log.warning("block read refused", error=str(exc))
-                await context.abort(code, str(exc))
-            if message is None:
-                return
+        try:
+            # One hop off the event loop for the whole read (copies, checksums).
+            messages = await asyncio.to_thread(
+                read_blocks, engine.runner.kv, engine.allocator, request
+            )
+        except ReadRefused as exc:
+            code = grpc.StatusCode.FAILED_PRECONDITION
+            if not exc.precondition:
+                code = grpc.StatusCode.INVALID_ARGUMENT
+            log.warning("block read refused", error=str(exc))
+            await context.abort(code, str(exc))
+        for message in messages:
             yield message
 
     def _abort_quietly(self, request_id: str) -> None:

@@ -73,14 +73,14 @@ class PagedKVCache:
         """
         self._check_ids(block_ids)
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
-        # gathered: [n, num_layers, 2, block_size, num_kv_heads, head_dim] on the device
-        gathered = torch.stack(
-            [
-                torch.stack((k.index_select(0, ids), v.index_select(0, ids)), 1)
-                for k, v in self.layers
-            ],
-            1,
+        # gathered: [n, num_layers, 2, block_size, num_kv_heads, head_dim] on the device,
+        # each layer's rows selected straight into it (no per-layer temporaries to stack)
+        gathered = torch.empty(
+            (len(block_ids), *self.block_shape), dtype=self.dtype, device=self.device
         )
+        for layer, (k, v) in enumerate(self.layers):
+            torch.index_select(k, 0, ids, out=gathered[:, layer, 0])
+            torch.index_select(v, 0, ids, out=gathered[:, layer, 1])
         if self.device.type == "cpu":
             return gathered
         host = torch.empty(gathered.shape, dtype=self.dtype, pin_memory=True)
