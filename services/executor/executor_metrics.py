@@ -151,6 +151,7 @@ class ExecutorMetrics:
             "Host (CPU) swap pool usage as a fraction 0..1 of --swap-space (vLLM v0's name); "
             "0 when preempted sequences are recomputed.",
         )
+
         def counted(series: tuple[tuple[str, str, str], ...]) -> list[tuple[Any, str]]:
             """Each series' counter (an attribute under its name) with the stats field it
             counts."""
