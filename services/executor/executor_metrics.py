@@ -79,6 +79,11 @@ _PULL_SERIES = (
         "Pulls that got fewer blocks than offered (source gone, slow or refusing): the rest "
         "was computed.",
     ),
+    (
+        "pulls_declined",
+        "num_declined",
+        "Offers of a peer's blocks not taken because computing them was measured cheaper.",
+    ),
 )
 
 

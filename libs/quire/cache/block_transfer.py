@@ -53,6 +53,7 @@ class PullStats:
     num_bytes: int = 0
     seconds: float = 0.0  # wall time of the pulls, transfer and write
     num_fallbacks: int = 0  # pulls that got fewer blocks than offered (the rest computed)
+    num_declined: int = 0  # offers not taken: computing was measured cheaper
 
     def since(self, earlier: PullStats) -> PullStats:
         """What was pulled after `earlier` (a copy of these stats taken before)."""

@@ -213,6 +213,11 @@ class LLMEngine:
         pull = (
             None if pulled_before is None or puller is None else puller.stats.since(pulled_before)
         )
+        if puller is not None and any(
+            s.num_computed_tokens < s.seq.num_prompt_tokens for s in step.scheduled
+        ):
+            # a pass over prompt tokens: what computing a prefix costs, for pull-or-compute
+            self.scheduler.pull_costs.observe_compute(step.num_tokens, executed - scheduled)
         return StepResult(outputs, step_stats(step, output, occupancy, times, swap, pull))
 
     def stats(self) -> EngineStats:

@@ -38,6 +38,7 @@ from quire.block.allocator import (
 from quire.block.tables import BlockTables
 from quire.cache.block_transfer import PullStats
 from quire.config import EngineConfig
+from quire.engine.pull_choice import PullCostModel
 from quire.engine.sequence import SeqStatus, Sequence
 
 
@@ -144,6 +145,7 @@ class Scheduler:
         self.prefix_loader = prefix_loader
         # Copies peers' blocks offered to admitted prompts; None: offers are declined.
         self.puller = puller
+        self.pull_costs = PullCostModel()  # whether an offer is worth taking (measured)
         self._pending_released_pins: list[str] = []
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -299,9 +301,14 @@ class Scheduler:
         block_size = self.allocator.block_size
         if self.puller is None or offer.first_block * block_size != seq.num_computed_tokens:
             return 0
+        if not self.pull_costs.should_pull():
+            self.puller.stats.num_declined += 1
+            return 0
         first, count = offer.first_block, len(offer.source_block_ids)
         table = self.tables.get(seq.seq_id)
+        started = time.perf_counter()
         num_pulled = self.puller.pull(offer, table[first : first + count]) * block_size
+        self.pull_costs.observe_pull(num_pulled, time.perf_counter() - started)
         assert seq.num_computed_tokens + num_pulled < seq.num_tokens, "the last token is computed"
         return num_pulled
 

@@ -13,6 +13,7 @@ from quire.cache.block_transfer import InProcessPuller
 from quire.cache.paged_kv import PagedKVCache
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
+from quire.engine.pull_choice import PullCostModel
 from services.memory_manager.pools import ExecutorPools
 from services.memory_manager.pull_broker import PullBroker
 from tests.libs.engine.conftest import model_zoo, tiny_model  # noqa: F401 (fixtures)
@@ -129,3 +130,21 @@ def test_n_greater_than_one_forks_after_a_pull(model_zoo: dict[str, Path]) -> No
     greedy(first, contexts)
     assert greedy(second, follow_ups, n=3) == greedy(alone, follow_ups, n=3)
     assert cluster.pullers["b"].stats.num_blocks > 0
+
+
+def test_offers_are_declined_where_computing_is_measured_cheaper(
+    model_zoo: dict[str, Path],  # noqa: F811
+) -> None:
+    cluster = Cluster(model_zoo["tiny"])
+    first, second = cluster.engine("a"), cluster.engine("b")
+    alone = LLM(model=str(model_zoo["tiny"]), dtype="float32", block_size=BLOCK_SIZE)
+    contexts, follow_ups = prompts(alone.engine.model.config.vocab_size)
+    greedy(first, contexts)
+    # As if pulls here had cost 1 s per token and prefill 1 ms.
+    second.engine.scheduler.pull_costs = PullCostModel(
+        weight=0.0, seconds_per_pulled_token=1.0, seconds_per_computed_token=0.001
+    )
+    assert greedy(second, follow_ups) == greedy(alone, follow_ups)
+    pulled = second.stats().pull
+    assert (pulled.num_declined, pulled.num_blocks) == (len(contexts), 0)
+    assert cluster.broker.pins == {} and cluster.pools.find("a").manager.num_pinned_blocks == 0

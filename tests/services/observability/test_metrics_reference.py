@@ -48,7 +48,14 @@ OWN_EXECUTOR_SERIES = {
     for what in ("out_blocks", "out_bytes", "in_blocks", "in_bytes", "in_misses")
 } | {
     f"quire_executor_{what}_total"
-    for what in ("pulls", "pulled_blocks", "pulled_bytes", "pull_seconds", "pull_fallbacks")
+    for what in (
+        "pulls",
+        "pulled_blocks",
+        "pulled_bytes",
+        "pull_seconds",
+        "pull_fallbacks",
+        "pulls_declined",
+    )
 }
 
 
