@@ -16,6 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: peer-vllm data kernels-cpu kernels-check bench-routing gpu-kit
 .PHONY: docs-metrics promtool
 .PHONY: docs-config
+.PHONY: bench-preemption
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -28,6 +29,7 @@ help:
 	@echo "make bench-routing routing policies on the local stack + a simulation at 8 and 32 executors"
 	@echo "make bench-step    memory-manager Step bytes/ms, full tables vs deltas -> bench/results/step_size.json"
 	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
+	@echo "make bench-preemption  preemption by swap vs recompute on a small KV pool -> bench/results/preemption.json"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-kit       what the GPU check carries: model config + tokenizer, ShareGPT requests"
 	@echo "make gpu-check     on a GPU machine's python3: kernel tests, decode bandwidth, end to end"
@@ -219,6 +221,11 @@ loadtest: $(STAMP) model data
 # unconstrained (BENCH_STRUCTURED_ARGS, e.g. --quick or --num-requests 64).
 bench-structured: model $(CPU_KERNELS)
 	$(PY) -m benchmarks.structured_outputs $(BENCH_STRUCTURED_ARGS)
+
+# Swap against recompute when the KV pool is too small for the batch (ShareGPT, block sizes 16
+# and 32). BENCH_PREEMPTION_ARGS passes options, e.g. --num-requests 16 --pool-fraction 0.25.
+bench-preemption: model data $(CPU_KERNELS)
+	$(PY) -m benchmarks.preemption $(BENCH_PREEMPTION_ARGS)
 
 bench-kernels: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.decode_attention

@@ -64,8 +64,8 @@ class KVSwapper:
             return 0
         # buffer: [len(wanted), num_layers, 2, block_size, num_kv_heads, head_dim] on the host
         buffer = self.kv.read_blocks([b for _, b in wanted])
-        # Earliest blocks last: should this overflow the pool, the prefix a resume can load
-        # (which must start at its first missing block) is what stays.
+        # Earliest blocks put last (most recently used): a resume loads a leading run and stops
+        # at the first block the pool lacks, so if this overflows the pool, the earliest stay.
         for i in reversed(range(len(wanted))):
             self.host_pool.put(wanted[i][0], buffer[i].clone())
         self._num_out += len(wanted)
@@ -85,7 +85,7 @@ class KVSwapper:
         first = num_cached_tokens // bs
         assert first * bs == num_cached_tokens, "prefix hits are whole blocks"
         end = (len(token_ids) - 1) // bs  # the last token's block is always recomputed
-        if end <= first or not len(self.host_pool):
+        if end <= first:
             return 0
         hashes = hash_full_blocks(token_ids[: end * bs], bs, self.extra_key)
         found = []
