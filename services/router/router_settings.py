@@ -93,6 +93,17 @@ class RouterSettings(BaseSettings):
         description="an uncached prompt goes to the least loaded executor; executors this many "
         "requests above it still count as tied, and ties go by consistent hash",
     )
+    routing_pulls: bool = Field(
+        default=True,
+        description="prefix policy: executors pull prompt blocks a peer holds (their "
+        "--enable-pulls), so such blocks count for every executor at a pull's cost",
+    )
+    routing_pull_cost_fraction: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="prefix policy: what a pulled token costs as a fraction of a computed one",
+    )
     routing_recent_s: float = Field(
         default=0.0,
         ge=0,

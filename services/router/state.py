@@ -65,6 +65,8 @@ class RouterState:
             max_load_gap=settings.routing_max_load_gap,
             max_load_ratio=settings.routing_max_load_ratio,
             max_hash_load_gap=settings.routing_max_hash_load_gap,
+            pulls=settings.routing_pulls,
+            pull_cost_fraction=settings.routing_pull_cost_fraction,
         )
         fallback = HashParams(settings.block_size, settings.extra_key)
         dispatcher = Dispatcher(

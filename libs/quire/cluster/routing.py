@@ -14,6 +14,11 @@ turns that into one choice and the reason for it:
 ``load_balance``     the load-aware pick overrode affinity: a cache miss went to a less loaded
                      executor than its HRW choice (misses spread by load), or a lightly
                      loaded executor out-scored the prefix holders.
+``prefix_pull``      (executors that pull) the chosen executor holds fewer of the prompt's
+                     blocks than another live one and will copy the rest from it: its
+                     score counts those tokens at `1 - pull_cost_fraction` of a cached one,
+                     so a conversation whose history sits on a busy executor can go to an
+                     idle one, which pulls the history instead of computing it.
 ``prefix_capped``    the prefix is cached only on executors too loaded to take more (their
                      load exceeds the least-loaded one's by more than the gap and the ratio
                      of `RoutingConfig`), so the request goes to the least-loaded one instead.
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from quire.cluster.redis_keys import ExecutorRecord
 from quire.config import engine_default
 
-REASONS = ("prefix_hit", "consistent_hash", "load_balance", "prefix_capped")
+REASONS = ("prefix_hit", "prefix_pull", "consistent_hash", "load_balance", "prefix_capped")
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,10 @@ class RoutingConfig:
     # A prompt nobody caches goes to the least loaded executor; executors at most this many
     # requests above it count as tied, and ties go by consistent hash (0: strictly by load).
     max_hash_load_gap: int = 0
+    # Whether executors pull prompt blocks a peer holds (the memory manager's offers), and what
+    # a pulled token costs as a fraction of a computed one (`make bench-pulls` measures it).
+    pulls: bool = False
+    pull_cost_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -61,6 +70,8 @@ class RoutingConfig:
             raise ValueError(f"max_hash_load_gap must be >= 0, got {self.max_hash_load_gap}")
         if self.max_load_ratio < 1:
             raise ValueError(f"max_load_ratio must be >= 1, got {self.max_load_ratio}")
+        if not 0 <= self.pull_cost_fraction <= 1:
+            raise ValueError(f"pull_cost_fraction must be in [0, 1], got {self.pull_cost_fraction}")
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,7 @@ class RoutingDecision:
     executor_id: str
     address: str
     reason: str  # one of REASONS
-    num_cached_tokens: int  # prompt tokens expected to be served from its prefix cache
+    num_cached_tokens: int  # prompt tokens expected not to be computed (cached or pulled)
 
 
 def routing_key(block_hashes: Sequence[bytes], prompt_token_ids: Sequence[int]) -> bytes:
@@ -141,24 +152,31 @@ def choose_executor(
     open_ = [c for c in eligible if not is_overloaded(c.load, least_load, config)]
     open_ids = {c.executor_id for c in open_}
 
+    # Blocks any live executor holds can be pulled by the others (draining ones still serve).
+    most_cached = max(c.num_cached_blocks for c in candidates) if config.pulls else 0
+
     def cached_tokens(c: Candidate) -> int:
         return c.num_cached_blocks * tokens_per_block
 
+    def pulled_tokens(c: Candidate) -> int:
+        return max(0, most_cached - c.num_cached_blocks) * tokens_per_block
+
     def score(c: Candidate) -> float:
-        return (
-            cached_tokens(c) - config.load_cost_tokens * c.load - config.kv_cost_tokens * c.kv_usage
-        )
+        saved = cached_tokens(c) + pulled_tokens(c) * (1 - config.pull_cost_fraction)
+        return saved - config.load_cost_tokens * c.load - config.kv_cost_tokens * c.kv_usage
 
     holders = [c for c in eligible if c.num_cached_blocks > 0]
     if holders:
         best = max(open_, key=lambda c: (score(c), -c.load, rank[c.executor_id]))
-        if best.num_cached_blocks > 0:
+        if pulled_tokens(best) > 0:
+            reason = "prefix_pull"
+        elif best.num_cached_blocks > 0:
             reason = "prefix_hit"
         elif any(c.executor_id in open_ids for c in holders):
             reason = "load_balance"
         else:
             reason = "prefix_capped"
-        return _decision(best, reason, cached_tokens(best))
+        return _decision(best, reason, cached_tokens(best) + pulled_tokens(best))
     # Nobody caches this prompt: no bonus to weigh, so misses spread by load and hashing
     # only decides between executors that are about equally loaded.
     top = max(eligible, key=lambda c: rank[c.executor_id])

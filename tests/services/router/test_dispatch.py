@@ -6,6 +6,8 @@ import hashlib
 import struct
 from typing import Any
 
+import pytest
+
 from quire.block.hashing import hash_full_blocks
 from services.stack.ports import free_port
 from tests.services.conftest import RedisServer, wait_for
@@ -93,15 +95,32 @@ def test_stale_epoch_and_expired_records_are_ignored(cluster: Cluster) -> None:
     ]
 
 
-def test_hot_prefix_is_capped_by_load(cluster: Cluster) -> None:
+@pytest.mark.parametrize(("pulls", "reason"), [(False, "prefix_capped"), (True, "prefix_pull")])
+def test_hot_prefix_is_capped_by_load(cluster: Cluster, pulls: bool, reason: str) -> None:
+    """The holder is too loaded: the least loaded executor takes the prompt, and computes
+    it (executors that do not pull) or pulls it from the holder."""
     ids = sorted(cluster.fakes)
     cluster.seed_prefix(ids[0], PROMPT)
     cluster.publish(ids[0], num_running=9, num_waiting=3)
     cluster.publish(ids[1], num_running=1)
-    router = cluster.router()
+    router = cluster.router(routing_pulls=pulls)
     assert served_by(router, PROMPT) == ids[2]
     with router.admin() as admin:
-        assert 'reason="prefix_capped"} 1.0' in admin.get("/metrics").text
+        assert f'reason="{reason}"}} 1.0' in admin.get("/metrics").text
+
+
+def test_with_pulls_an_idle_executor_beats_a_busy_holder(cluster: Cluster) -> None:
+    """Not overloaded enough to be capped, the holder still loses to an idle executor once
+    its queue costs more than pulling the prefix saves: 2 blocks of 16 tokens are worth 32
+    tokens held, 24 pulled (1 - 0.25); one queued request costs 16."""
+    ids = sorted(cluster.fakes)
+    cluster.seed_prefix(ids[0], PROMPT)
+    cluster.publish(ids[0], num_running=1)
+    cluster.publish(ids[1], num_running=1)
+    without = cluster.router(routing_pulls=False)
+    assert served_by(without, PROMPT) == ids[0]
+    with_pulls = cluster.router(routing_pulls=True)
+    assert served_by(with_pulls, PROMPT) == ids[2]
 
 
 def test_short_prompts_hash_consistently(cluster: Cluster) -> None:
