@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: peer-vllm data kernels-cpu kernels-check bench-routing gpu-kit
 .PHONY: docs-metrics promtool
 .PHONY: docs-config
-.PHONY: bench-preemption
+.PHONY: bench-preemption bench-pulls
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -30,6 +30,7 @@ help:
 	@echo "make bench-step    memory-manager Step bytes/ms, full tables vs deltas -> bench/results/step_size.json"
 	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
 	@echo "make bench-preemption  preemption by swap vs recompute on a small KV pool -> bench/results/preemption.json"
+	@echo "make bench-pulls   a prefix pulled from a peer executor vs computed -> bench/results/pulls.json"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-kit       what the GPU check carries: model config + tokenizer, ShareGPT requests"
 	@echo "make gpu-check     on a GPU machine's python3: kernel tests, decode bandwidth, end to end"
@@ -226,6 +227,10 @@ bench-structured: model $(CPU_KERNELS)
 # and 32). BENCH_PREEMPTION_ARGS passes options, e.g. --num-requests 16 --pool-fraction 0.25.
 bench-preemption: model data $(CPU_KERNELS)
 	$(PY) -m benchmarks.preemption $(BENCH_PREEMPTION_ARGS)
+
+# A real stack: prefixes pulled from the executor that computed them vs computed (BENCH_PULLS_ARGS).
+bench-pulls: model redis $(RPC_STAMP) $(CPU_KERNELS)
+	$(PY) -m benchmarks.pulls $(BENCH_PULLS_ARGS)
 
 bench-kernels: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.decode_attention
