@@ -59,9 +59,10 @@ def first_token_s(address: str, request_id: str, prompt: list[int]) -> tuple[flo
         return time.perf_counter() - started, cached
 
 
-def pull_counters(metrics_url: str) -> dict[str, float]:
+def pull_counters(metrics_url: str, series: tuple[str, ...] = PULL_SERIES) -> dict[str, float]:
+    """An executor's counters `series` (names without _total), summed over their labels."""
     text = httpx.get(metrics_url, timeout=10).text
-    totals = dict.fromkeys(PULL_SERIES, 0.0)
+    totals = dict.fromkeys(series, 0.0)
     for family in text_string_to_metric_families(text):
         if family.name in totals:
             totals[family.name] = sum(s.value for s in family.samples if s.name.endswith("_total"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=REPO / ".run" / "chaos")
     args = parser.parse_args(argv)
     plan = QUICK if args.quick else Plan()
+    # Executors pull whatever the tiny model's costs say, so the faults meet pulls in flight.
+    os.environ.setdefault("QUIRE_PULL_POLICY", "always")
     results = asyncio.run(run_all(plan, args.work_dir, args.only))
     write_json(args.out, results)
     bad = failures(results)

@@ -15,6 +15,7 @@ import httpx
 from benchmarks.chaos.cluster import executor_record, manager_pools, redis_client, wait_healthy
 from benchmarks.chaos.load import one_request, served_by, stream_body
 from benchmarks.chaos.stack import Plan, add_router, settle, start_process, steady_load
+from benchmarks.pulls import first_token_s, pull_counters
 from quire.cluster.redis_keys import prefix_key
 from services.stack.runner import Stack
 
@@ -135,9 +136,41 @@ async def fault_rolling_update(stack: Stack, plan: Plan) -> dict[str, Any]:
     return result
 
 
+async def fault_stop_pull_source(stack: Stack, plan: Plan) -> dict[str, Any]:
+    """Freeze (SIGSTOP) the executor a pull comes from, mid-load: the puller gives up within
+    its timeout and computes the prefix; no request fails and no pin outlives the fault."""
+    url = stack.config.router_admin_url  # /cluster/status
+    c = stack.config
+    source = f"{c.host}:{c.executor_base_port}"
+    destination = f"{c.host}:{c.executor_base_port + 1}"
+    metrics = f"http://{c.host}:{c.executor_base_metrics_port + 1}/metrics"
+    fallbacks = ("quire_executor_pull_fallbacks",)
+    context = [(i * 37) % 4000 + 10 for i in range(200)]  # 12 full blocks of 16
+    await asyncio.to_thread(first_token_s, source, "chaos-ctx", context)
+    before = await asyncio.to_thread(pull_counters, metrics, fallbacks)
+    load = await steady_load(stack, plan, seed=5)
+    stack.signal("executor-0", signal.SIGSTOP)
+    try:
+        pulled_s, cached = await asyncio.to_thread(
+            first_token_s, destination, "chaos-follow-up", [*context, 5, 6, 7]
+        )
+    finally:
+        stack.signal("executor-0", signal.SIGCONT)
+    after = await asyncio.to_thread(pull_counters, metrics, fallbacks)
+    await asyncio.sleep(plan.after_s)
+    result = await settle(load, url)
+    # The follow-up tried the frozen source, gave up and computed the prefix.
+    result["pull_fallbacks"] = after[fallbacks[0]] - before[fallbacks[0]]
+    result["follow_up_completed"] = 1
+    result["follow_up_cached_tokens"] = cached
+    result["follow_up_s"] = round(pulled_s, 2)
+    return result
+
+
 FAULTS: dict[str, Callable[[Stack, Plan], Awaitable[dict[str, Any]]]] = {
     "kill_executor": fault_kill_executor,
     "kill_memory_manager": fault_kill_memory_manager,
     "restart_redis": fault_restart_redis,
     "rolling_update": fault_rolling_update,
+    "stop_pull_source": fault_stop_pull_source,
 }

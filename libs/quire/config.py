@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30  # KV budget on CPU when num_kv_blocks is None
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # fraction of free GPU memory the KV cache may take
 PREEMPTION_MODES = ("recompute", "swap")  # EngineConfig.preemption_mode's values
+PULL_POLICIES = ("measured", "always")  # EngineConfig.pull_policy's values
 
 
 def _setting(default: Any, help: str) -> Any:
@@ -59,6 +60,11 @@ class EngineConfig:
         "GiB of host memory for KV blocks of preempted sequences (preemption_mode swap; "
         "least recently used blocks are dropped past it; 0 disables swapping)",
     )
+    pull_policy: str = _setting(
+        "measured",
+        "whether to copy an offered prefix from the peer that holds it: measured (only while "
+        "a pulled token is measured cheaper than a computed one) or always",
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -75,6 +81,10 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
+        if self.pull_policy not in PULL_POLICIES:
+            raise ValueError(
+                f"pull_policy must be one of {', '.join(PULL_POLICIES)}, got {self.pull_policy!r}"
+            )
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(
                 f"preemption_mode must be recompute or swap, got {self.preemption_mode!r}"

@@ -84,6 +84,7 @@ class ExecutorSettings(BaseSettings):
     seed: int = _engine("seed")
     preemption_mode: Literal["recompute", "swap"] = _engine("preemption_mode")
     swap_space: float = _engine("swap_space", ge=0)
+    pull_policy: Literal["measured", "always"] = _engine("pull_policy")
     torch_threads: int = Field(
         default=0,
         ge=0,

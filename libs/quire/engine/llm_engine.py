@@ -26,6 +26,7 @@ from quire.engine.grammar_masks import StructuredOutputs
 from quire.engine.inputs import Prompt, check_prompt_fits, seeded_generators, tokenize_prompt
 from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
+from quire.engine.pull_choice import PullCostModel
 from quire.engine.scheduler import BlockPuller, Scheduler, SchedulerConfig
 from quire.engine.sequence import Request, Sequence
 from quire.engine.stats import NO_SWAP, EngineStats, StepStats, step_stats
@@ -94,6 +95,7 @@ class LLMEngine:
             self.swapper,
             None if puller_factory is None else puller_factory(self.runner.kv),
         )
+        self.scheduler.pull_costs = PullCostModel(always=config.pull_policy == "always")
         self.stop_rules = StopRules(self.eos_token_ids, self.max_model_len)
         self.requests: dict[str, Request] = {}
         # Deltas of sequences ended between steps (finish_sequences), sent with the next step.

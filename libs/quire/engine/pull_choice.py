@@ -19,6 +19,7 @@ class PullCostModel:
     """Moving averages of what a pulled and a computed prompt token cost here."""
 
     weight: float = 0.2  # of the newest observation in each average
+    always: bool = False  # pull whatever the costs (EngineConfig.pull_policy "always")
     seconds_per_pulled_token: float | None = None
     seconds_per_computed_token: float | None = None
 
@@ -37,7 +38,7 @@ class PullCostModel:
 
     def should_pull(self) -> bool:
         pulled, computed = self.seconds_per_pulled_token, self.seconds_per_computed_token
-        return pulled is None or computed is None or pulled < computed
+        return self.always or pulled is None or computed is None or pulled < computed
 
     def _average(self, current: float | None, value: float) -> float:
         return value if current is None else (1 - self.weight) * current + self.weight * value

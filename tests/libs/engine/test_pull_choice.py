@@ -27,3 +27,13 @@ def test_averages_weigh_the_newest_observation() -> None:
     assert costs.seconds_per_computed_token == pytest.approx(0.2)  # (0.1 + 0.3) / 2
     costs.observe_compute(0, 5.0)  # nothing ran: ignored
     assert costs.seconds_per_computed_token == pytest.approx(0.2)
+
+
+def test_always_pulls_whatever_the_costs() -> None:
+    costs = PullCostModel(always=True)
+    costs.observe_pull(10, 1.0)
+    costs.observe_compute(10, 0.001)
+    assert costs.should_pull()
+    assert not PullCostModel(
+        seconds_per_pulled_token=1.0, seconds_per_computed_token=0.001
+    ).should_pull()

@@ -1,0 +1,173 @@
+"""The pull's two ends without a cluster: a fake peer streaming crafted blocks to the puller
+(only blocks that arrive whole and checked are written), and the reader's refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+
+from quire.block import BlockManager
+from quire.block.allocator import PullOffer
+from quire.cache.block_transfer import block_bytes, checksum, layout
+from quire.cache.paged_kv import PagedKVCache
+from quire.model.model_config import ModelConfig
+from services.executor.block_puller import GrpcBlockPuller
+from services.executor.block_reads import ReadRefused, read_blocks
+from services.rpc import executor_pb2 as pb
+from services.rpc import executor_pb2_grpc
+from services.stack.ports import free_port
+from tests.checkpoints import tiny_checkpoint
+
+NUM_BLOCKS, BLOCK_SIZE = 8, 16
+
+
+@pytest.fixture(scope="module")
+def source() -> PagedKVCache:
+    config = ModelConfig.from_pretrained(tiny_checkpoint())
+    kv = PagedKVCache(config, NUM_BLOCKS, BLOCK_SIZE, torch.float32, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    for k, v in kv.layers:
+        k.copy_(torch.randn(k.shape, generator=gen))
+        v.copy_(torch.randn(v.shape, generator=gen))
+    return kv
+
+
+def empty_like(kv: PagedKVCache) -> PagedKVCache:
+    config = ModelConfig.from_pretrained(tiny_checkpoint())
+    return PagedKVCache(config, NUM_BLOCKS, BLOCK_SIZE, kv.dtype, torch.device("cpu"))
+
+
+class FakePeer(executor_pb2_grpc.ExecutorServicer):
+    """Streams the requested blocks of `kv`, spoiled as `spoil(index, message)` says."""
+
+    def __init__(self, kv: PagedKVCache, spoil: object = None, fail_after: int | None = None):
+        self.kv, self.spoil, self.fail_after = kv, spoil, fail_after
+
+    def ReadBlocks(  # noqa: N802
+        self, request: pb.ReadBlocksRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.BlockData]:
+        rows = block_bytes(self.kv.read_blocks(list(request.block_ids)))
+        for index, data in enumerate(rows):
+            if self.fail_after is not None and index == self.fail_after:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the peer went away")
+            message = pb.BlockData(index=index, data=data, crc32=checksum(data))
+            if callable(self.spoil):
+                message = self.spoil(index, message)
+            yield message
+
+
+def serve(peer: FakePeer) -> tuple[grpc.Server, str]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    executor_pb2_grpc.add_ExecutorServicer_to_server(peer, server)
+    address = f"127.0.0.1:{free_port()}"
+    server.add_insecure_port(address)
+    server.start()
+    return server, address
+
+
+def offer(address: str, source_ids: tuple[int, ...]) -> PullOffer:
+    return PullOffer("pin", "peer", address, "manager/1", 0, source_ids)
+
+
+def pull(
+    peer: FakePeer, source_ids: tuple[int, ...], dest_ids: list[int]
+) -> tuple[int, PagedKVCache, GrpcBlockPuller]:
+    destination = empty_like(peer.kv)
+    server, address = serve(peer)
+    puller = GrpcBlockPuller(destination, timeout_s=5.0)
+    try:
+        return puller.pull(offer(address, source_ids), dest_ids), destination, puller
+    finally:
+        puller.close()
+        server.stop(None)
+
+
+def test_blocks_arrive_bit_for_bit(source: PagedKVCache) -> None:
+    num, destination, puller = pull(FakePeer(source), (5, 2, 7), [1, 3, 4])
+    assert num == 3
+    assert torch.equal(destination.read_blocks([1, 3, 4]), source.read_blocks([5, 2, 7]))
+    stats = puller.stats
+    assert (stats.num_pulls, stats.num_blocks, stats.num_fallbacks) == (1, 3, 0)
+    assert stats.num_bytes == 3 * source.bytes_per_block
+
+
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda i, m: pb.BlockData(index=i, data=m.data, crc32=m.crc32 ^ 1) if i == 1 else m,
+        lambda i, m: (
+            pb.BlockData(index=i, data=m.data[:-4], crc32=checksum(m.data[:-4])) if i == 1 else m
+        ),
+        lambda i, m: pb.BlockData(index=i + 1, data=m.data, crc32=m.crc32) if i == 1 else m,
+    ],
+    ids=["corrupted", "short", "out-of-order"],
+)
+def test_a_bad_block_is_never_written_and_the_rest_is_computed(
+    source: PagedKVCache, spoil: object
+) -> None:
+    num, destination, puller = pull(FakePeer(source, spoil), (5, 2, 7), [1, 3, 4])
+    assert num == 1  # only the block before the bad one
+    assert torch.equal(destination.read_blocks([1]), source.read_blocks([5]))
+    untouched = empty_like(source).read_blocks([3, 4])
+    assert torch.equal(destination.read_blocks([3, 4]), untouched)
+    assert puller.stats.num_fallbacks == 1
+
+
+def test_a_peer_that_goes_away_mid_stream_leaves_what_arrived(source: PagedKVCache) -> None:
+    num, destination, _ = pull(FakePeer(source, fail_after=2), (5, 2, 7), [1, 3, 4])
+    assert num == 2
+    assert torch.equal(destination.read_blocks([1, 3]), source.read_blocks([5, 2]))
+
+
+def test_an_unreachable_peer_means_nothing_pulled(source: PagedKVCache) -> None:
+    puller = GrpcBlockPuller(empty_like(source), timeout_s=1.0)
+    assert puller.pull(offer(f"127.0.0.1:{free_port()}", (1, 2)), [0, 1]) == 0
+    assert puller.stats.num_fallbacks == 1
+    puller.close()
+
+
+def test_reads_are_refused_without_a_pin_of_the_current_manager(source: PagedKVCache) -> None:
+    def request(**fields: object) -> pb.ReadBlocksRequest:
+        defaults: dict[str, object] = {
+            "granted_by": "manager/1",
+            "block_ids": [1, 2],
+            "layout": layout(source),
+        }
+        return pb.ReadBlocksRequest(**{**defaults, **fields})  # type: ignore[arg-type]
+
+    # An executor with an in-process allocator is registered with no manager: nothing pins.
+    with pytest.raises(ReadRefused) as refused:
+        read_blocks(source, BlockManager(NUM_BLOCKS, BLOCK_SIZE), request())
+    assert refused.value.precondition
+
+
+class Registered:
+    """The part of RemoteBlockAllocator the reader looks at."""
+
+    manager_instance = "manager/2"
+
+
+def test_a_pin_from_another_manager_instance_or_layout_is_refused(
+    source: PagedKVCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import services.executor.block_reads as block_reads
+
+    monkeypatch.setattr(block_reads, "RemoteBlockAllocator", Registered)
+    allocator = Registered()
+    good = pb.ReadBlocksRequest(granted_by="manager/2", block_ids=[1, 2], layout=layout(source))
+    assert [m.index for m in read_blocks(source, allocator, good)] == [0, 1]  # type: ignore[arg-type]
+    stale = pb.ReadBlocksRequest(granted_by="manager/1", block_ids=[1], layout=layout(source))
+    with pytest.raises(ReadRefused, match="granted by 'manager/1'") as refused:
+        read_blocks(source, allocator, stale)  # type: ignore[arg-type]
+    assert refused.value.precondition
+    other = pb.ReadBlocksRequest(granted_by="manager/2", block_ids=[1], layout="torch.bfloat16:1")
+    with pytest.raises(ReadRefused, match="layout"):
+        read_blocks(source, allocator, other)  # type: ignore[arg-type]
+    bad_ids = pb.ReadBlocksRequest(granted_by="manager/2", block_ids=[99], layout=layout(source))
+    with pytest.raises(ReadRefused) as refused:
+        read_blocks(source, allocator, bad_ids)  # type: ignore[arg-type]
+    assert not refused.value.precondition
