@@ -69,6 +69,11 @@ class StackConfig:
     # instead of the scheduler's whim; for benchmarks, with executor_torch_threads=1.
     pin_executors: bool = False
     routing_policy: str = "prefix"  # the router's --routing-policy
+    # Executors copy a prompt's blocks a peer holds instead of computing them (--enable-pulls)
+    executor_enable_pulls: bool = True
+    # The prefix policy counts blocks a peer holds at a pull's cost (--routing-pulls); only
+    # meaningful when the executors pull
+    router_routing_pulls: bool = True
     executor_dtype: str = "auto"  # the executors' dtype
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
     max_pending_total: int = 1024  # router admission: in-flight requests overall
@@ -235,6 +240,8 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
         ]
         if c.torch_threads is not None:
             argv += ["--torch-threads", str(c.torch_threads)]
+        if not c.executor_enable_pulls:
+            argv += ["--no-enable-pulls"]
         if c.pin_executors:
             argv = ["taskset", "-c", str(i % (os.cpu_count() or 1)), *argv]
         if c.address_by_name:
@@ -275,6 +282,7 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
                 "--memory-manager",
                 f"{c.address('memory-manager')}:{c.memory_manager_port}",
                 *(["--routing-policy", c.routing_policy] if c.routing_policy != "prefix" else []),
+                *([] if c.router_routing_pulls else ["--no-routing-pulls"]),
             ],
             env={"QUIRE_MODEL": c.model},  # the executors' model: its tokenizer and name
             ready=("http", f"{c.router_url}/health"),

@@ -82,3 +82,15 @@ def test_overrides_win_over_the_environment() -> None:
 def test_wrong_variables_are_refused(env: dict[str, str], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("*", r"\*")):
         StackConfig.from_env(env)
+
+
+def test_pulls_are_on_by_default_and_turn_off_together() -> None:
+    on = _settings(StackConfig())
+    assert on["executor-0"].enable_pulls and on["router"].routing_pulls
+    config = StackConfig.from_env(
+        {"QUIRE_STACK_EXECUTOR_ENABLE_PULLS": "false", "QUIRE_STACK_ROUTER_ROUTING_PULLS": "0"}
+    )
+    assert (config.executor_enable_pulls, config.router_routing_pulls) == (False, False)
+    off = _settings(config)
+    assert not off["executor-0"].enable_pulls and not off["executor-1"].enable_pulls
+    assert not off["router"].routing_pulls
