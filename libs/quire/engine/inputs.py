@@ -1,10 +1,8 @@
-"""How a request comes in: its prompt as token ids, and the seeded generators it samples with."""
+"""How a request comes in: its prompt as token ids, and the seed of each output it samples."""
 
 from __future__ import annotations
 
 from typing import Any
-
-import torch
 
 from quire.block.allocator import BlockAllocator
 from quire.sampling_params import SamplingParams
@@ -46,18 +44,12 @@ def check_prompt_fits(
         )
 
 
-def seeded_generators(params: SamplingParams, default_seed: int) -> list[torch.Generator | None]:
-    """One CPU generator per output index, from the request's seed (else `default_seed`).
-
-    Output i draws from its own generator from its first token on, so a seeded request gives
-    the same outputs whatever else shares its batches.
-    """
+def output_seeds(params: SamplingParams, default_seed: int) -> list[int | None]:
+    """The seed of each output index, from the request's seed (else `default_seed`); None for
+    greedy requests. The sampler keys each draw on (this seed, the token's position), so an
+    output's tokens do not depend on what shares its batches, nor on where its earlier tokens
+    were computed (a preemption, another executor continuing it)."""
     if params.is_greedy:
         return [None] * params.n
     base = params.seed if params.seed is not None else default_seed
-    generators: list[torch.Generator | None] = []
-    for index in range(params.n):
-        generator = torch.Generator()
-        generator.manual_seed((base * 7919 + index) % (2**63))
-        generators.append(generator)
-    return generators
+    return [(base * 7919 + index) % (2**63) for index in range(params.n)]

@@ -23,7 +23,7 @@ from quire.cache.host_pool import HostBlockPool
 from quire.cache.paged_kv import PagedKVCache
 from quire.config import EngineConfig
 from quire.engine.grammar_masks import StructuredOutputs
-from quire.engine.inputs import Prompt, check_prompt_fits, seeded_generators, tokenize_prompt
+from quire.engine.inputs import Prompt, check_prompt_fits, output_seeds, tokenize_prompt
 from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
 from quire.engine.pull_choice import PullCostModel
@@ -124,7 +124,7 @@ class LLMEngine:
         arrival = next(self._arrivals)
         request = Request(request_id, text, ids, params, arrival)
         if not params.is_greedy:
-            request.generators = seeded_generators(params, self.config.seed * 1_000_003 + arrival)
+            request.seeds = output_seeds(params, self.config.seed * 1_000_003 + arrival)
         request.seqs.append(Sequence(f"{request_id}#0", request, 0, list(ids), arrival))
         self.requests[request_id] = request
         self.scheduler.add(request.seqs[0])

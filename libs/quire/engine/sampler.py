@@ -19,7 +19,8 @@ class SampleRow:
     # The sequence's tokens, prompt first (not copied: only penalties slice it).
     token_ids: list[int]
     num_prompt_tokens: int
-    generator: torch.Generator | None
+    # The output's seed (quire.engine.inputs.output_seeds); None: an unseeded draw.
+    seed: int | None
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -44,7 +45,7 @@ def sample(logits: torch.Tensor, rows: list[SampleRow]) -> list[SampleResult]:
         idx = torch.tensor(random_idx, device=logits.device)
         probs = _processed_probs(logits[idx], [rows[i] for i in random_idx])
         for j, i in enumerate(random_idx):
-            token_ids[i] = _draw(probs[j], rows[i].generator)
+            token_ids[i] = _draw(probs[j], rows[i].seed, len(rows[i].token_ids))
     token_list = token_ids.tolist()
     chosen = raw_logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
     results = []
@@ -111,8 +112,21 @@ def _processed_probs(logits: torch.Tensor, rows: list[SampleRow]) -> torch.Tenso
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+def draw_seed(seed: int, position: int) -> int:
+    """The seed of one draw: the output's seed and the position of the token drawn (its
+    index in prompt + output), mixed (SplitMix64's finalizer) so that neighbouring positions
+    and outputs get unrelated streams."""
+    x = (seed + 0x9E3779B97F4A7C15 * (position + 1)) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) >> 1  # a non-negative int64, as torch's manual_seed takes
+
+
+def _draw(probs: torch.Tensor, seed: int | None, position: int) -> int:
     # probs: [vocab]; the generator lives on the CPU so seeds mean the same everywhere.
+    generator = None
+    if seed is not None:
+        generator = torch.Generator().manual_seed(draw_seed(seed, position))
     return int(torch.multinomial(probs.cpu(), 1, generator=generator).item())
 
 

@@ -6,8 +6,6 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
 
@@ -59,8 +57,8 @@ class Sequence:
         return (self.arrival, self.index)
 
     @property
-    def generator(self) -> torch.Generator | None:
-        return self.request.generators[self.index]
+    def seed(self) -> int | None:
+        return self.request.seeds[self.index]
 
     def is_finished(self) -> bool:
         return self.status is SeqStatus.FINISHED
@@ -78,9 +76,9 @@ class Request:
     seqs: list[Sequence] = field(default_factory=list)
     num_cached_tokens: int = 0
     was_scheduled: bool = False  # admitted to the pool at least once
-    # One per output index, seeded at arrival (None for greedy): output i draws from
-    # generators[i] from its first token on, forked or not.
-    generators: list[torch.Generator | None] = field(default_factory=list)
+    # One per output index, set at arrival (None for greedy): output i's draws are keyed on
+    # (seeds[i], position), forked or not (quire.engine.sampler).
+    seeds: list[int | None] = field(default_factory=list)
     # Prompt tokens 1.. their logprobs so far (params.prompt_logprobs set; token 0 has none).
     prompt_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     prompt_logprobs_sent: bool = False  # already in a RequestDelta
@@ -89,8 +87,8 @@ class Request:
     grammar_matchers: dict[int, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.generators:
-            self.generators = [None] * self.params.n
+        if not self.seeds:
+            self.seeds = [None] * self.params.n
 
     @property
     def needs_prompt_logprobs(self) -> bool:

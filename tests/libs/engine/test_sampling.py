@@ -64,7 +64,7 @@ def test_seeded_sampling_is_reproducible_whatever_the_batch(llm: LLM) -> None:
 def test_seeded_sampling_survives_preemption(tiny_model: Path) -> None:
     params = SamplingParams(temperature=1.0, seed=5, max_tokens=40, ignore_eos=True)
     prompts = [ids(60, s) for s in range(6)]
-    # float32: the check is on the generators, not on rounding. In bfloat16 a recomputed
+    # float32: the check is on the draws, not on rounding. In bfloat16 a recomputed
     # prefix's KV is rounded from a larger batch's product than the decode steps that first
     # wrote it (float32-widened weights from 32 rows up), and one bfloat16 ulp can move a
     # sampled token.
@@ -74,6 +74,28 @@ def test_seeded_sampling_survives_preemption(tiny_model: Path) -> None:
     assert tight.stats().num_preemptions > 0
     for a, b in zip(roomy, cramped, strict=True):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
+
+
+def test_a_seeded_continuation_draws_what_the_original_would_have(tiny_model: Path) -> None:
+    """Draws are keyed on (seed, output index, position): the prompt plus an output's first k
+    tokens, sent again with the same seed, continues with that output's next tokens, as an
+    executor continuing a request elsewhere must."""
+    llm = LLM(model=str(tiny_model), dtype="float32")
+    prompt = ids(23, 4)["prompt_token_ids"]
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=31, max_tokens=20, ignore_eos=True)
+    whole = (
+        llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0].token_ids
+    )
+    for k in (1, 9, 16):
+        rest = SamplingParams(
+            temperature=1.0, top_p=0.95, seed=31, max_tokens=20 - k, ignore_eos=True
+        )
+        again = llm.generate([{"prompt_token_ids": prompt + list(whole[:k])}], rest, use_tqdm=False)
+        assert list(again[0].outputs[0].token_ids) == list(whole[k:]), k
+    # The draws do depend on the seed: another one parts somewhere in 20 tokens.
+    other = SamplingParams(temperature=1.0, top_p=0.95, seed=32, max_tokens=20, ignore_eos=True)
+    parted = llm.generate([{"prompt_token_ids": prompt}], other, use_tqdm=False)
+    assert parted[0].outputs[0].token_ids != whole
 
 
 def test_top_k_one_is_greedy(llm: LLM) -> None:
