@@ -2,10 +2,12 @@
 
 The same workloads as the stack benchmark (benchmarks.routing.workloads), scaled with the
 executor count so each executor gets the load it gets in the 2-executor run (conversations and
-rates times executors / 2; tenants: max(4, executors / 2) system prompts), through the real
-policy classes (quire.cluster.policies) onto the executor model of benchmarks.routing_sim.model,
-with service rates measured on this machine's engine (calibrate.py). Writes
-bench/results/routing-sim.json and routing-sim-<N>.png per cluster size.
+rates times executors / 2; tenants: max(4, executors / 2) system prompts; long-context: its
+tenants, users and user rate times executors / 2, each executor's cache the workload's KV
+size), through the real policy classes (quire.cluster.policies) onto the executor model of
+benchmarks.routing_sim.model, every policy with pulls on and off, with service rates measured
+on this machine's engine (calibrate.py) and the pull rate `make bench-pulls` measured
+(load_pull_rate). Writes bench/results/routing-sim.json and routing-sim-<N>.png per size.
 """
 
 from __future__ import annotations
@@ -24,20 +26,31 @@ from benchmarks.routing import workloads
 from benchmarks.routing.main import FULL, QUICK
 from benchmarks.routing.oracle import oracle_hit_rate
 from benchmarks.routing.plot import plot
+from benchmarks.routing.summary import PULLS, long_context_targets, variant
 from benchmarks.routing_sim import calibrate
 from benchmarks.routing_sim.model import Rates, SimRequest, simulate
 from quire.cluster.policies import POLICY_NAMES, make_policy
 from quire.cluster.recent import RecentRoutes
+from quire.cluster.routing import RoutingConfig
 
 REPO = Path(__file__).resolve().parents[2]
 BLOCK_SIZE = 16
+# Seconds to pull one token's K/V when bench/results/pulls.json is absent: the median of the
+# pull ms / token `make bench-pulls` recorded in docs/benchmarks.md (0.093, 0.143, 0.271 ms).
+PULL_S_PER_TOKEN = 0.143e-3
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.routing_sim", description=__doc__)
     p.add_argument("--executors", default="8,32", help="cluster sizes, comma separated")
     p.add_argument("--quick", action="store_true", help="the stack benchmark's --quick sizes")
-    p.add_argument("--cache-blocks", type=int, default=1024, help="prefix cache per executor")
+    p.add_argument("--workloads", default=",".join(workloads.WORKLOADS), help="comma separated")
+    p.add_argument(
+        "--cache-blocks",
+        type=int,
+        default=1024,
+        help="prefix cache per executor (long-context: its own KV size)",
+    )
     p.add_argument("--model", default=str(REPO / "models" / "smollm2-135m-instruct"))
     p.add_argument(
         "--data",
@@ -45,6 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--rates", type=Path, default=REPO / "bench" / "results" / "routing-rates.json")
     p.add_argument("--recalibrate", action="store_true", help="measure the rates again")
+    p.add_argument(
+        "--pulls-json",
+        type=Path,
+        default=REPO / "bench" / "results" / "pulls.json",
+        help="make bench-pulls' results, for the pull rate (absent: PULL_S_PER_TOKEN)",
+    )
     p.add_argument("--dtype", default="float32", help="the engine's dtype when measuring")
     p.add_argument(
         "--recent-s", type=float, default=0.0, help="the prefix policy's --routing-recent-s"
@@ -65,6 +84,16 @@ def load_rates(args: argparse.Namespace) -> tuple[Rates, dict[str, Any]]:
     return Rates(raw["prefill_tok_s"], max(1e-4, s1 - per_seq * b1), per_seq), raw
 
 
+def load_pull_rate(path: Path) -> tuple[float, str]:
+    """Seconds per pulled token: the median of make bench-pulls' per-length figures at `path`,
+    else PULL_S_PER_TOKEN; and where it came from."""
+    if not path.is_file():
+        return PULL_S_PER_TOKEN, "PULL_S_PER_TOKEN (docs/benchmarks.md, make bench-pulls)"
+    summary = json.loads(path.read_text())["summary"]
+    ms = float(np.median([row["pull_ms_per_token"] for row in summary]))
+    return ms / 1000.0, str(path)
+
+
 def scaled(base: workloads.WorkloadConfig, n: int) -> workloads.WorkloadConfig:
     k = n / 2
     return replace(
@@ -74,6 +103,9 @@ def scaled(base: workloads.WorkloadConfig, n: int) -> workloads.WorkloadConfig:
         conversation_rate=base.conversation_rate * k,
         request_rate=base.request_rate * k,
         num_tenants=max(base.num_tenants, n // 2),
+        context_tenants=int(base.context_tenants * k),
+        context_users=int(base.context_users * k),
+        context_user_rate=base.context_user_rate * k,
     )
 
 
@@ -91,6 +123,7 @@ def summary(result: Any) -> dict[str, Any]:
         "tpot_p99_ms": float(np.percentile(tpot, 99)) if tpot else None,
         "output_tok_s": sum(result.output_tokens) / result.duration_s,
         "hit_rate": result.cached_tokens / result.prompt_tokens,
+        "pulled_share": result.pulled_tokens / result.prompt_tokens,
         "duration_s": result.duration_s,
         "busiest_executor_share": busiest / sum(result.requests_per_executor.values()),
     }
@@ -101,11 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     rates, raw = load_rates(args)
+    pull_s, pull_source = load_pull_rate(args.pulls_json)
+    rates = replace(rates, pull_s_per_token=pull_s)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     extra_key = Path(args.model).name
     base = QUICK if args.quick else FULL
     results: dict[str, Any] = {
         "rates": raw,
+        "pull_s_per_token": pull_s,
+        "pull_rate_from": pull_source,
         "cache_blocks": args.cache_blocks,
         "recent_s": args.recent_s,
         "sizes": {},
@@ -114,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in [int(x) for x in args.executors.split(",") if x]:
         config = scaled(base, n)
         size: dict[str, Any] = {"config": config.__dict__, "workloads": {}}
-        for name in workloads.WORKLOADS:
+        for name in [w for w in args.workloads.split(",") if w]:
             reqs = workloads.build(name, args.data, tokenizer, config)
             sim_reqs = [SimRequest(r.prompt_token_ids, r.output_len, r.at, r.after) for r in reqs]
             oracle = oracle_hit_rate([r.prompt_token_ids for r in reqs], BLOCK_SIZE, extra_key)
@@ -123,25 +160,41 @@ def main(argv: list[str] | None = None) -> int:
                 "oracle_hit_rate": oracle,
                 "policies": {},
             }
+            cache_blocks = workloads.kv_blocks(name, config) or args.cache_blocks
+            entry["cache_blocks"] = cache_blocks
             for policy in POLICY_NAMES:
-                r = simulate(
-                    make_policy(policy, recent=RecentRoutes(args.recent_s)),
-                    sim_reqs,
-                    n,
-                    rates,
-                    args.cache_blocks,
-                    BLOCK_SIZE,
-                    extra_key,
-                )
-                s = summary(r)
-                entry["policies"][policy] = s
-                print(
-                    f"[sim {n:2d} executors] [{name:10s}] {policy:12s} TTFT p50 "
-                    f"{s['ttft_p50_ms']:8.0f} ms  p99 {s['ttft_p99_ms']:8.0f} ms  "
-                    f"{s['output_tok_s']:7.1f} tok/s  hit {s['hit_rate']:.3f} (oracle "
-                    f"{oracle:.3f})  busiest executor {s['busiest_executor_share']:.2f}",
-                    flush=True,
-                )
+                for pulls in PULLS:
+                    routing = RoutingConfig(block_size=BLOCK_SIZE, pulls=pulls == "on")
+                    r = simulate(
+                        make_policy(policy, routing, RecentRoutes(args.recent_s)),
+                        sim_reqs,
+                        n,
+                        rates,
+                        cache_blocks,
+                        BLOCK_SIZE,
+                        extra_key,
+                        pulls=pulls == "on",
+                    )
+                    s = summary(r)
+                    key = variant(policy, pulls)
+                    entry["policies"][key] = s
+                    print(
+                        f"[sim {n:2d} executors] [{name:12s}] {key:21s} TTFT p50 "
+                        f"{s['ttft_p50_ms']:8.0f} ms  p99 {s['ttft_p99_ms']:8.0f} ms  "
+                        f"{s['output_tok_s']:7.1f} tok/s  hit {s['hit_rate']:.3f} (oracle "
+                        f"{oracle:.3f}, pulled {s['pulled_share']:.3f})  busiest executor "
+                        f"{s['busiest_executor_share']:.2f}",
+                        flush=True,
+                    )
+            if name == "long-context":
+                entry["targets"] = long_context_targets(entry["policies"], oracle)
+                for key, t in entry["targets"].items():
+                    met = "met" if t["met"] else "NOT met"
+                    print(
+                        f"[sim {n:2d} executors] [{name}] target {key}: {t['value']:.3f} "
+                        f"({t['target']}) {met}",
+                        flush=True,
+                    )
             size["workloads"][name] = entry
         results["sizes"][str(n)] = size
         write_json(args.out, results)

@@ -8,6 +8,10 @@ prefill. Each executor has its own prefix cache: an LRU of block hashes bounded 
 `cache_blocks`; a request hits its leading cached blocks (at most (len - 1) // block_size, as
 the block manager caps it), and its prompt blocks enter the cache when its prefill ends.
 
+With pulls, a request whose leading blocks another executor holds beyond what its own cache
+holds copies them instead of computing them (the memory manager's offer): those tokens cost
+`pull_s_per_token` each, paid in the first step the request runs in, and count as cached.
+
 The router sees what a real one sees: each executor's running + waiting count (fresh, like
 its own in-flight count) and, for the prefix policy, each cache's exact contents (what the
 Redis index mirrors).
@@ -33,6 +37,8 @@ class Rates:
     prefill_tok_s: float  # uncached prompt tokens per second
     decode_base_s: float  # step time at batch 0 (extrapolated)
     decode_per_seq_s: float  # added step time per running request
+    # seconds to pull one token's K/V from a peer (`make bench-pulls`; main.load_pull_rate)
+    pull_s_per_token: float = 0.0
 
     def decode_step_s(self, batch: int) -> float:
         return self.decode_base_s + self.decode_per_seq_s * batch if batch else 0.0
@@ -52,6 +58,7 @@ class _Live:
     remaining_prefill: int
     remaining_output: int
     arrived: float
+    pull_s: float = 0.0  # pull time still to pay (in the first step it runs in)
 
 
 @dataclass
@@ -91,7 +98,8 @@ class SimResult:
     e2e: list[float]
     output_tokens: list[int]
     prompt_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # local hits and pulled tokens
+    pulled_tokens: int
     duration_s: float
     requests_per_executor: dict[str, int]
 
@@ -104,8 +112,10 @@ def simulate(
     cache_blocks: int,
     block_size: int = 16,
     extra_key: str = "",
+    pulls: bool = False,
 ) -> SimResult:
-    """Every request through `policy` onto `num_executors` modelled executors."""
+    """Every request through `policy` onto `num_executors` modelled executors; with `pulls`,
+    blocks a peer holds are pulled at `rates.pull_s_per_token` (module docstring)."""
     execs = [SimExecutor(f"executor-{i:02d}", cache_blocks) for i in range(num_executors)]
     hashes = [hash_full_blocks(r.prompt_token_ids, block_size, extra_key) for r in requests]
     followers: dict[int, int] = {r.after: i for i, r in enumerate(requests) if r.after is not None}
@@ -114,6 +124,7 @@ def simulate(
     e2e = [0.0] * len(requests)
     served: dict[str, int] = {}
     cached_total = 0
+    pulled_total = 0
     events: list[tuple[float, int, str, int]] = []  # (time, seq, kind, index)
     seq = 0
 
@@ -144,14 +155,17 @@ def simulate(
                 prefill += take
             else:
                 decoding += 1
+        pull_s = sum(live.pull_s for live in ex.running)
         ex.busy = True
-        push(now + rates.decode_step_s(decoding) + prefill / rates.prefill_tok_s, "step", e)
+        step_s = rates.decode_step_s(decoding) + prefill / rates.prefill_tok_s + pull_s
+        push(now + step_s, "step", e)
 
     def end_step(e: int, now: float) -> None:
         ex = execs[e]
         budget = ex.prefill_chunk
         still: list[_Live] = []
         for live in ex.running:
+            live.pull_s = 0.0
             if live.remaining_prefill > 0:
                 take = min(budget, live.remaining_prefill)
                 budget -= take
@@ -198,9 +212,14 @@ def simulate(
         ex = execs[e]
         hit = ex.cached_blocks(hashes[i], max_hit)
         ex.touch(hashes[i][:hit])
-        cached_total += hit * block_size
+        held = max(x.cached_blocks(hashes[i], max_hit) for x in execs) if pulls else hit
+        pulled = (held - hit) * block_size
+        cached_total += held * block_size
+        pulled_total += pulled
         served[ex.executor_id] = served.get(ex.executor_id, 0) + 1
-        ex.waiting.append(_Live(i, len(r.prompt_token_ids) - hit * block_size, r.output_len, clock))
+        remaining = len(r.prompt_token_ids) - held * block_size
+        pull_s = pulled * rates.pull_s_per_token
+        ex.waiting.append(_Live(i, remaining, r.output_len, clock, pull_s))
         if not ex.busy:
             start_step(e, clock)
     assert all(done), "every request finishes"
@@ -210,6 +229,7 @@ def simulate(
         output_tokens=[r.output_len for r in requests],
         prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
         cached_tokens=cached_total,
+        pulled_tokens=pulled_total,
         duration_s=clock,
         requests_per_executor=dict(sorted(served.items())),
     )
