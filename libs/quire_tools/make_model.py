@@ -108,6 +108,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_window_layers": 4,
         **_rope(1000000.0),
     },
+    "tiny-qwen3": {
+        **_COMMON,
+        **_TINY_SHAPE,
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",  # q_norm/k_norm per head; head_dim 48 != hidden / heads
+        "head_dim": 48,
+        "attention_bias": False,
+        "rms_norm_eps": 1e-6,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 4,
+        **_rope(1000000.0),
+    },
     "tiny-mistral": {
         **_COMMON,
         **_TINY_SHAPE,
@@ -184,6 +197,7 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
     head_dim = config.get("head_dim") or hidden // num_heads
     tied = config["tie_word_embeddings"]
     qkv_bias = config["model_type"] == "qwen2"
+    qk_norm = config["model_type"] == "qwen3"
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     proj_std = 1.0 / math.sqrt(hidden)
     qk_std = scales.qk_gain * proj_std
@@ -196,8 +210,8 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
         embed_std, lm_head_std = scales.embed_std, scales.logit_std / math.sqrt(hidden)
     final_norm_mean = scales.logit_std / (lm_head_std * math.sqrt(hidden))
 
-    def norm(name: str, mean: float = 1.0) -> TensorSpec:
-        return TensorSpec(name, (hidden,), mean, mean * scales.norm_jitter)
+    def norm(name: str, mean: float = 1.0, size: int = hidden) -> TensorSpec:
+        return TensorSpec(name, (size,), mean, mean * scales.norm_jitter)
 
     def linear(name: str, out_features: int, in_features: int, std: float) -> list[TensorSpec]:
         specs = [TensorSpec(f"{name}.weight", (out_features, in_features), 0.0, std)]
@@ -213,6 +227,9 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
         specs += linear(f"{attn}.k_proj", kv_size, hidden, qk_std)
         specs += linear(f"{attn}.v_proj", kv_size, hidden, proj_std)
         specs += linear(f"{attn}.o_proj", hidden, q_size, q_size**-0.5)
+        if qk_norm:  # per-head norms set the attention scale that qk_gain sets elsewhere
+            specs.append(norm(f"{attn}.q_norm.weight", scales.qk_gain, head_dim))
+            specs.append(norm(f"{attn}.k_norm.weight", scales.qk_gain, head_dim))
         specs.append(norm(f"model.layers.{i}.post_attention_layernorm.weight"))
         specs += linear(f"{mlp}.gate_proj", inter, hidden, proj_std)
         specs += linear(f"{mlp}.up_proj", inter, hidden, proj_std)

@@ -11,7 +11,13 @@ from quire_tools.make_model import BOS_ID, EOS_ID, IM_END_ID, IM_START_ID, PAD_I
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-TEST_PRESETS = ["tiny", "tiny-mqa", "tiny-qwen2", "tiny-mistral"]
+TEST_PRESETS = [
+    "tiny",
+    "tiny-mqa",
+    "tiny-qwen2",
+    "tiny-mistral",
+    "tiny-qwen3",
+]
 # Mixed scripts, emoji with ZWJ, a decomposed accent (non-NFC), tabs and runs of spaces.
 UTF8_TEXT = "Héllo wörld — 你好，世界 😀👩‍💻 Καλημέρα, Привет!\n\tdef f(x):  return x**2  e\u0301"
 
@@ -103,8 +109,13 @@ def test_variant_features_reach_transformers(checkpoints: dict[str, Path]) -> No
     mistral = AutoModelForCausalLM.from_pretrained(checkpoints["tiny-mistral"])
     assert mistral.config.sliding_window is None
 
+    qwen3 = AutoModelForCausalLM.from_pretrained(checkpoints["tiny-qwen3"])
+    attn = qwen3.model.layers[0].self_attn
+    assert attn.q_proj.weight.shape == (4 * 48, 128) and attn.q_norm.weight.shape == (48,)
+    assert attn.q_proj.bias is None
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2"])
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-qwen3"])
 def test_tokenizer_round_trips_and_matches_tokenizer_json(
     checkpoints: dict[str, Path], name: str
 ) -> None:
@@ -125,7 +136,7 @@ def test_tokenizer_round_trips_and_matches_tokenizer_json(
         EOS_ID,
         PAD_ID,
     )
-    # Qwen2 tokenizers NFC-normalize, so only NFC text round-trips byte-exactly there.
+    # Qwen2 tokenizers (Qwen3's too) NFC-normalize, so only NFC text round-trips exactly there.
     text = UTF8_TEXT if name == "tiny" else UTF8_TEXT.replace("e\u0301", "\u00e9")
     ids = tokenizer(text).input_ids
     assert ids[0] == BOS_ID and BOS_ID not in ids[1:]

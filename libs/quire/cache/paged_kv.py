@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 
 import quire.kernels as kernels
-from quire.model.llama import KVCache
+from quire.model.attention import KVCache
 from quire.model.model_config import ModelConfig
 
 

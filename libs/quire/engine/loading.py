@@ -12,8 +12,8 @@ import torch
 from quire.cache.paged_kv import kv_bytes_per_block
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
 from quire.model.checkpoint import resolve_model_path
-from quire.model.llama import LlamaModel
-from quire.model.loader import load_checkpoint
+from quire.model.decoder import DecoderModel
+from quire.model.loader import build_model, load_checkpoint
 from quire.model.model_config import ModelConfig
 
 
@@ -24,7 +24,7 @@ class LoadedModel:
     path: Path
     device: torch.device
     dtype: torch.dtype
-    model: LlamaModel
+    model: DecoderModel
     tokenizer: Any  # a transformers tokenizer
     max_model_len: int  # the config's limit, capped by the checkpoint's
     eos_token_ids: frozenset[int]
@@ -42,7 +42,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     device = config.resolve_device()
     dtype = config.resolve_dtype(device)
     model_config, state = load_checkpoint(path, device, dtype)
-    model = LlamaModel(model_config, state, device)
+    model = build_model(model_config, state, device)
     del state
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)

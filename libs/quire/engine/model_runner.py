@@ -26,8 +26,8 @@ from quire.engine.prompt_logprobs import (
 from quire.engine.sampler import SampleRow, sample
 from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
-from quire.model.attention import AttentionMetadata
-from quire.model.llama import KVCache, LlamaModel
+from quire.model.attention import AttentionMetadata, KVCache
+from quire.model.decoder import DecoderModel
 from quire.outputs import Logprob
 
 
@@ -59,7 +59,7 @@ class ModelRunner:
 
     def __init__(
         self,
-        model: LlamaModel,
+        model: DecoderModel,
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype,

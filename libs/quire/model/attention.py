@@ -8,6 +8,8 @@ import torch
 
 import quire.kernels as kernels
 
+KVCache = tuple[torch.Tensor, torch.Tensor]  # key, value: [num_blocks, block_size, kv_heads, D]
+
 
 @dataclass
 class AttentionMetadata:
@@ -43,7 +45,7 @@ class PagedAttention:
         q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
         k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
         v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-        kv_cache: tuple[torch.Tensor, torch.Tensor],  # 2 x [num_blocks, block_size, kv_heads, D]
+        kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         key_cache, value_cache = kv_cache

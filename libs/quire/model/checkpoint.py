@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from quire.model.model_config import SUPPORTED_ARCHITECTURES
+from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
 
 
 def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str | None:
@@ -37,10 +37,7 @@ def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str |
         architectures = []
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
         found = ", ".join(map(str, architectures)) or "none named in config.json"
-        return (
-            f"has an unsupported architecture ({found}); "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+        return f"has an {unsupported_message(found)}"
     if need_weights:
         try:
             safetensors_files(path)

@@ -1,4 +1,5 @@
-"""Read a local Hugging Face checkpoint: config and safetensors weights (sharded or not)."""
+"""Read a local Hugging Face checkpoint (config and safetensors weights, sharded or not) and
+build its architecture's model."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from quire.model.architectures import model_class
 from quire.model.checkpoint import resolve_model_path, safetensors_files
+from quire.model.decoder import DecoderModel
 from quire.model.model_config import ModelConfig
 
 
@@ -30,3 +33,12 @@ def load_checkpoint(
     path = resolve_model_path(model)
     config = ModelConfig.from_pretrained(path)
     return config, load_state_dict(path, device, dtype)
+
+
+def build_model(
+    config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device
+) -> DecoderModel:
+    """The model of `config.architecture` over the checkpoint tensors `state`."""
+    model = model_class(config.architecture)(config, state, device)
+    assert isinstance(model, DecoderModel), f"{type(model).__name__} is not a DecoderModel"
+    return model

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeConfig"]
 
 
 @dataclass(frozen=True)
@@ -55,10 +57,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {self.architecture!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+            raise ValueError(unsupported_message(self.architecture))
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"model config field {name} must be >= 1")
@@ -90,14 +89,12 @@ class ModelConfig:
         archs = list(getattr(hf, "architectures", None) or [])
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
-            raise ValueError(
-                f"unsupported architecture {archs or hf.model_type!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+            raise ValueError(unsupported_message(", ".join(archs) or hf.model_type))
         max_len = int(hf.max_position_embeddings)
-        # Sliding-window attention is exact full attention up to the window: cap there.
+        # Sliding-window attention is exact full attention up to the window: cap there. Qwen
+        # configs name a window that applies only with use_sliding_window.
         window = getattr(hf, "sliding_window", None)
-        if window and (arch != "Qwen2ForCausalLM" or getattr(hf, "use_sliding_window", False)):
+        if window and getattr(hf, "use_sliding_window", True):
             max_len = min(max_len, int(window))
         eos = hf.eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))

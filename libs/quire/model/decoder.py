@@ -1,0 +1,125 @@
+"""DecoderModel: the forward pass every supported architecture shares, over a flattened,
+unpadded token batch: embeddings -> N x (attention + MLP) -> norm -> logits.
+
+An architecture is a subclass that says what its layers use (`qk_norm`) and how one layer's
+MLP is built from its checkpoint's names (`load_mlp`), out of the shared layers
+(quire.model.layers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+import quire.kernels as kernels
+from quire.model.attention import AttentionMetadata, KVCache, PagedAttention
+from quire.model.layers import Attention, CheckpointTensors
+from quire.model.linear import LayerShapes, Linear, head_backend, linear_backend
+from quire.model.model_config import ModelConfig
+from quire.model.rope import RotaryEmbedding
+
+Mlp = Callable[[torch.Tensor], torch.Tensor]  # GatedMLP: [n, hidden] -> same
+
+
+@dataclass
+class DecoderLayer:
+    """One pre-norm decoder layer: x += attention(norm(x)); x += mlp(norm(x))."""
+
+    input_norm: torch.Tensor  # [hidden]
+    attention: Attention
+    post_norm: torch.Tensor  # [hidden]
+    mlp: Mlp
+
+
+class DecoderModel:
+    """The weights of one checkpoint and the forward pass over them."""
+
+    qk_norm = False  # an RMSNorm over each query and key head before rotary (Qwen3)
+
+    def __init__(
+        self, config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device
+    ) -> None:
+        self.config = config
+        self.device = device
+        take = CheckpointTensors(state)
+        self.embed = take("model.embed_tokens.weight")
+        self.linear_backend = linear_backend(self.embed.dtype, device, shapes=self.linear_shapes())
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_model_len, device)
+        self.paged_attention = PagedAttention(
+            config.num_heads, config.num_kv_heads, config.head_dim, config.scale
+        )
+        self.layers = [self.load_layer(take, i) for i in range(config.num_layers)]
+        self.norm = take("model.norm.weight")
+        if config.tie_word_embeddings:
+            take.discard("lm_head.weight")
+            lm_head = self.embed
+        else:
+            lm_head = take("lm_head.weight")
+        take.finish()
+        self.lm_head = Linear(lm_head, None, head_backend(lm_head.dtype, device))
+
+    def linear_shapes(self) -> LayerShapes:
+        """One decoder layer's qkv, o, gate_up, down: what the `auto` backend is timed on."""
+        c = self.config
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        return (
+            (q + 2 * kv, c.hidden_size),
+            (c.hidden_size, q),
+            (2 * c.intermediate_size, c.hidden_size),
+            (c.hidden_size, c.intermediate_size),
+        )
+
+    def load_layer(self, take: CheckpointTensors, i: int) -> DecoderLayer:
+        """Layer `i`: its norms and `self_attn` under the names every supported architecture
+        uses, and the MLP this architecture's `load_mlp` builds."""
+        prefix = f"model.layers.{i}."
+        attention = Attention.load(
+            take,
+            prefix + "self_attn.",
+            self.config,
+            self.linear_backend,
+            self.rotary,
+            self.paged_attention,
+            qk_norm=self.qk_norm,
+        )
+        return DecoderLayer(
+            input_norm=take(prefix + "input_layernorm.weight"),
+            attention=attention,
+            post_norm=take(prefix + "post_attention_layernorm.weight"),
+            mlp=self.load_mlp(take, i),
+        )
+
+    def load_mlp(self, take: CheckpointTensors, i: int) -> Mlp:
+        """Layer `i`'s MLP, its tensors taken by this architecture's names."""
+        raise NotImplementedError
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [num_tokens] int64
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Hidden states `[num_tokens, hidden]` after the final norm."""
+        eps = self.config.rms_norm_eps
+        # residual: [num_tokens, hidden], the stream each sublayer adds into; x: the input of
+        # the next sublayer, which add_rms_norm_ overwrites with norm(residual + x).
+        residual = F.embedding(input_ids, self.embed)
+        x = kernels.rms_norm(residual, self.layers[0].input_norm, eps)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if i > 0:
+                kernels.add_rms_norm_(x, residual, layer.input_norm, eps)
+            x = layer.attention(x, positions, kv_cache, meta)
+            kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
+            x = layer.mlp(x)
+        kernels.add_rms_norm_(x, residual, self.norm, eps)
+        return x
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits `[n, vocab]` for the selected hidden rows `[n, hidden]`."""
+        return self.lm_head(hidden).float()

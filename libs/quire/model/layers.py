@@ -1,0 +1,149 @@
+"""The layers every architecture is assembled from, each built from checkpoint tensors by name:
+self-attention over the paged cache (fused qkv, optional per-head q/k RMSNorm) and the SwiGLU
+MLP (fused gate/up)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import quire.kernels as kernels
+from quire.model.attention import AttentionMetadata, KVCache, PagedAttention
+from quire.model.linear import Linear
+from quire.model.model_config import ModelConfig
+from quire.model.rope import RotaryEmbedding
+
+
+class CheckpointTensors:
+    """Hands out checkpoint tensors once each, then names anything missing or left over."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+        self.used: set[str] = set()
+        self.missing: list[str] = []
+
+    def __call__(self, name: str) -> torch.Tensor:
+        self.used.add(name)
+        if name not in self.state:
+            self.missing.append(name)
+            return torch.empty(0)
+        return self.state[name]
+
+    def optional(self, name: str, present: bool) -> torch.Tensor | None:
+        """The tensor `name` where the config says it exists (a bias), else None."""
+        return self(name) if present else None
+
+    def concat(self, names: list[str], present: bool = True) -> torch.Tensor | None:
+        """Tensors concatenated along dim 0 (q/k/v into qkv, gate/up into gate_up)."""
+        return torch.cat([self(n) for n in names]) if present else None
+
+    def discard(self, name: str) -> None:
+        self.used.add(name)
+
+    def finish(self) -> None:
+        if self.missing:
+            shown = ", ".join(self.missing[:5])
+            raise ValueError(f"checkpoint is missing {len(self.missing)} tensors: {shown}")
+        extra = [n for n in self.state if n not in self.used and not n.endswith("inv_freq")]
+        if extra:
+            raise ValueError(f"checkpoint has {len(extra)} unexpected tensors: {extra[:5]}")
+
+
+class Attention:
+    """qkv projection -> (per-head q/k RMSNorm) -> rotary -> paged attention -> o projection."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        qkv: Linear,  # [(heads + 2 * kv_heads) * D, hidden]
+        o: Linear,  # [hidden, heads * D]
+        rotary: RotaryEmbedding,
+        paged: PagedAttention,
+        qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,  # q, k weights: [D] each
+    ) -> None:
+        self.qkv = qkv
+        self.o = o
+        self.rotary = rotary
+        self.paged = paged
+        self.qk_norm = qk_norm
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+
+    @classmethod
+    def load(
+        cls,
+        take: CheckpointTensors,
+        prefix: str,  # e.g. "model.layers.3.self_attn."
+        config: ModelConfig,
+        backend: str,
+        rotary: RotaryEmbedding,
+        paged: PagedAttention,
+        qk_norm: bool = False,
+    ) -> Attention:
+        """q_proj/k_proj/v_proj/o_proj (+ q_norm/k_norm) under `prefix`, q/k/v fused."""
+        names = [f"{prefix}{n}_proj" for n in "qkv"]
+        qkv_weight = take.concat([n + ".weight" for n in names])
+        assert qkv_weight is not None
+        qkv = Linear(
+            qkv_weight, take.concat([n + ".bias" for n in names], config.qkv_bias), backend
+        )
+        o = Linear(
+            take(prefix + "o_proj.weight"),
+            take.optional(prefix + "o_proj.bias", config.o_bias),
+            backend,
+        )
+        norms = (
+            (take(prefix + "q_norm.weight"), take(prefix + "k_norm.weight")) if qk_norm else None
+        )
+        return cls(config, qkv, o, rotary, paged, norms)
+
+    def __call__(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        positions: torch.Tensor,  # [num_tokens] int64
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        # views into qkv: [num_tokens, heads, head_dim], rotated in place
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm is not None:  # RMSNorm over each head's vector, before rotary
+            q_weight, k_weight = self.qk_norm
+            q = kernels.rms_norm(q.reshape(-1, self.head_dim), q_weight, self.eps).view_as(q)
+            k = kernels.rms_norm(k.reshape(-1, self.head_dim), k_weight, self.eps).view_as(k)
+        kernels.rotary_embedding_(positions, q, k, self.rotary.cos, self.rotary.sin)
+        attn = self.paged(q, k, v, kv_cache, meta)
+        return self.o(attn.reshape(-1, self.q_size))
+
+
+class GatedMLP:
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
+
+    def __init__(self, gate_up: Linear, down: Linear) -> None:
+        self.gate_up = gate_up  # [2 * intermediate, hidden]
+        self.down = down  # [hidden, intermediate]
+
+    @classmethod
+    def load(
+        cls,
+        take: CheckpointTensors,
+        prefix: str,  # e.g. "model.layers.3.mlp."
+        backend: str,
+        bias: bool = False,
+    ) -> GatedMLP:
+        """gate_proj/up_proj/down_proj under `prefix`."""
+        names = [prefix + "gate_proj", prefix + "up_proj"]
+        gate_up_weight = take.concat([n + ".weight" for n in names])
+        assert gate_up_weight is not None
+        gate_up = Linear(gate_up_weight, take.concat([n + ".bias" for n in names], bias), backend)
+        down_bias = take.optional(prefix + "down_proj.bias", bias)
+        return cls(gate_up, Linear(take(prefix + "down_proj.weight"), down_bias, backend))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)

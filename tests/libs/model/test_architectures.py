@@ -1,0 +1,44 @@
+"""Which architectures load, what their configs become, and the refusal of the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from quire.model.architectures import ARCHITECTURES, SUPPORTED_ARCHITECTURES, model_class
+from quire.model.decoder import DecoderModel
+from quire.model.model_config import ModelConfig
+
+
+@pytest.mark.parametrize("architecture", SUPPORTED_ARCHITECTURES)
+def test_every_supported_architecture_has_a_model(architecture: str) -> None:
+    cls = model_class(architecture)
+    assert issubclass(cls, DecoderModel) and cls is not DecoderModel
+    assert cls.load_mlp is not DecoderModel.load_mlp
+
+
+def test_an_unsupported_architecture_is_refused_with_the_supported_list() -> None:
+    from transformers import GPT2Config
+
+    hf = GPT2Config(architectures=["GPT2LMHeadModel"])
+    with pytest.raises(ValueError, match=r"unsupported architecture \(GPT2LMHeadModel\)") as exc:
+        ModelConfig.from_hf(hf)
+    assert all(arch in str(exc.value) for arch in ARCHITECTURES)
+    with pytest.raises(ValueError, match=r"unsupported architecture \(GPT2LMHeadModel\)"):
+        model_class("GPT2LMHeadModel")
+
+
+def test_qwen3_reads_head_dim_and_attention_bias() -> None:
+    from transformers import Qwen3Config
+
+    shape: dict[str, Any] = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 48,
+    }
+    plain = ModelConfig.from_hf(Qwen3Config(architectures=["Qwen3ForCausalLM"], **shape))
+    assert plain.head_dim == 48 and not plain.qkv_bias and not plain.o_bias
+    biased = Qwen3Config(architectures=["Qwen3ForCausalLM"], attention_bias=True, **shape)
+    assert ModelConfig.from_hf(biased).qkv_bias and ModelConfig.from_hf(biased).o_bias
