@@ -94,8 +94,8 @@ def tokenizer_json(style: str = "gpt2") -> str:
 
 
 def tokenizer_style(config: dict[str, Any]) -> str:
-    # transformers 5 loads Qwen3 checkpoints with Qwen2Tokenizer too.
-    return "qwen2" if config["model_type"] in ("qwen2", "qwen3") else "gpt2"
+    # transformers 5 loads Qwen3 and Qwen3-MoE checkpoints with Qwen2Tokenizer too.
+    return "qwen2" if config["model_type"] in ("qwen2", "qwen3", "qwen3_moe") else "gpt2"
 
 
 def write_tokenizer(out: Path, config: dict[str, Any]) -> None:

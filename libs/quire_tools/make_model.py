@@ -121,6 +121,27 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_window_layers": 4,
         **_rope(1000000.0),
     },
+    "tiny-qwen3-moe": {
+        **_COMMON,
+        **_TINY_SHAPE,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 3,
+        "head_dim": 64,
+        "attention_bias": False,
+        "rms_norm_eps": 1e-6,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 96,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [1],  # layer 1 keeps a dense MLP (intermediate_size wide)
+        "router_aux_loss_coef": 0.0,
+        "output_router_logits": False,
+        **_rope(1000000.0),
+    },
     "tiny-mistral": {
         **_COMMON,
         **_TINY_SHAPE,
@@ -197,7 +218,7 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
     head_dim = config.get("head_dim") or hidden // num_heads
     tied = config["tie_word_embeddings"]
     qkv_bias = config["model_type"] == "qwen2"
-    qk_norm = config["model_type"] == "qwen3"
+    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     proj_std = 1.0 / math.sqrt(hidden)
     qk_std = scales.qk_gain * proj_std
@@ -231,12 +252,44 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
             specs.append(norm(f"{attn}.q_norm.weight", scales.qk_gain, head_dim))
             specs.append(norm(f"{attn}.k_norm.weight", scales.qk_gain, head_dim))
         specs.append(norm(f"model.layers.{i}.post_attention_layernorm.weight"))
+        if i in sparse_layers(config):
+            specs += _expert_specs(config, i, proj_std)
+            continue
         specs += linear(f"{mlp}.gate_proj", inter, hidden, proj_std)
         specs += linear(f"{mlp}.up_proj", inter, hidden, proj_std)
         specs += linear(f"{mlp}.down_proj", hidden, inter, inter**-0.5)
     specs.append(norm("model.norm.weight", final_norm_mean))
     if not tied:
         specs.append(TensorSpec("lm_head.weight", (vocab, hidden), 0.0, lm_head_std))
+    return specs
+
+
+def sparse_layers(config: dict[str, Any]) -> set[int]:
+    """The layers whose MLP is a sparse mixture of experts (as transformers builds them)."""
+    num_layers = config["num_hidden_layers"]
+    if config["model_type"] == "qwen3_moe":
+        dense, step = set(config["mlp_only_layers"]), config["decoder_sparse_step"]
+        return {i for i in range(num_layers) if i not in dense and (i + 1) % step == 0}
+    return set()
+
+
+# model_type -> (MoE block, router, expert gate, up, down) names in the checkpoint
+_EXPERT_NAMES = {
+    "qwen3_moe": ("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
+}
+
+
+def _expert_specs(config: dict[str, Any], layer: int, proj_std: float) -> list[TensorSpec]:
+    block, router, gate, up, down = _EXPERT_NAMES[config["model_type"]]
+    prefix = f"model.layers.{layer}.{block}"
+    hidden = config["hidden_size"]
+    num_experts, inter = config["num_experts"], config["moe_intermediate_size"]
+    specs = [TensorSpec(f"{prefix}.{router}.weight", (num_experts, hidden), 0.0, proj_std)]
+    for e in range(num_experts):
+        expert = f"{prefix}.experts.{e}"
+        specs.append(TensorSpec(f"{expert}.{gate}.weight", (inter, hidden), 0.0, proj_std))
+        specs.append(TensorSpec(f"{expert}.{up}.weight", (inter, hidden), 0.0, proj_std))
+        specs.append(TensorSpec(f"{expert}.{down}.weight", (hidden, inter), 0.0, inter**-0.5))
     return specs
 
 

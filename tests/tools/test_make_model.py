@@ -17,6 +17,7 @@ TEST_PRESETS = [
     "tiny-qwen2",
     "tiny-mistral",
     "tiny-qwen3",
+    "tiny-qwen3-moe",
 ]
 # Mixed scripts, emoji with ZWJ, a decomposed accent (non-NFC), tabs and runs of spaces.
 UTF8_TEXT = "Héllo wörld — 你好，世界 😀👩‍💻 Καλημέρα, Привет!\n\tdef f(x):  return x**2  e\u0301"
@@ -113,6 +114,11 @@ def test_variant_features_reach_transformers(checkpoints: dict[str, Path]) -> No
     attn = qwen3.model.layers[0].self_attn
     assert attn.q_proj.weight.shape == (4 * 48, 128) and attn.q_norm.weight.shape == (48,)
     assert attn.q_proj.bias is None
+
+    qwen3_moe = AutoModelForCausalLM.from_pretrained(checkpoints["tiny-qwen3-moe"])
+    kinds = [type(layer.mlp).__name__ for layer in qwen3_moe.model.layers]
+    assert kinds == ["Qwen3MoeSparseMoeBlock", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock"]
+    assert qwen3_moe.config.norm_topk_prob and qwen3_moe.config.num_experts == 4
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-qwen3"])

@@ -3,7 +3,7 @@ unpadded token batch: embeddings -> N x (attention + MLP) -> norm -> logits.
 
 An architecture is a subclass that says what its layers use (`qk_norm`) and how one layer's
 MLP is built from its checkpoint's names (`load_mlp`), out of the shared layers
-(quire.model.layers).
+(quire.model.layers, quire.model.moe).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from quire.model.linear import LayerShapes, Linear, head_backend, linear_backend
 from quire.model.model_config import ModelConfig
 from quire.model.rope import RotaryEmbedding
 
-Mlp = Callable[[torch.Tensor], torch.Tensor]  # GatedMLP: [n, hidden] -> same
+Mlp = Callable[[torch.Tensor], torch.Tensor]  # GatedMLP or SparseMoE: [n, hidden] -> same
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The layers every architecture is assembled from, each built from checkpoint tensors by name:
 self-attention over the paged cache (fused qkv, optional per-head q/k RMSNorm) and the SwiGLU
-MLP (fused gate/up)."""
+MLP (fused gate/up). The sparse expert MLP is quire.model.moe."""
 
 from __future__ import annotations
 

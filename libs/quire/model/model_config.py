@@ -9,7 +9,7 @@ from typing import Any
 
 from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "RopeConfig"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "MoeConfig", "RopeConfig"]
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,26 @@ class RopeConfig:
             )
         if self.theta <= 0 or self.factor <= 0:
             raise ValueError("rope theta and factor must be positive")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Sparse mixture-of-experts MLPs: which layers have them and how tokens are routed."""
+
+    num_experts: int  # routed experts per sparse layer
+    top_k: int  # experts each token runs through
+    intermediate_size: int  # each expert's SwiGLU width
+    normalize_top_k: bool  # renormalize the top-k router probabilities to sum to 1
+    sparse_layers: tuple[int, ...]  # layer indices whose MLP is sparse; the rest are dense
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok ({self.top_k}) must lie in [1, num_experts "
+                f"({self.num_experts})]"
+            )
+        if self.intermediate_size < 1:
+            raise ValueError("the experts' intermediate size must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -54,6 +74,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"  # dtype the checkpoint was saved in
+    moe: MoeConfig | None = None  # sparse expert MLPs (Qwen3-MoE); None: all dense
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -66,6 +87,8 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
+        if self.moe and not all(0 <= i < self.num_layers for i in self.moe.sparse_layers):
+            raise ValueError(f"sparse layers {self.moe.sparse_layers} outside the model's layers")
 
     @property
     def scale(self) -> float:
@@ -120,7 +143,28 @@ class ModelConfig:
             bos_token_id=hf.bos_token_id,
             eos_token_ids=eos_ids,
             torch_dtype=str(getattr(hf, "dtype", None) or "float32").removeprefix("torch."),
+            moe=_moe_from_hf(hf, arch),
         )
+
+
+def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
+    num_layers = int(hf.num_hidden_layers)
+    if arch == "Qwen3MoeForCausalLM":  # sparse every decoder_sparse_step-th layer
+        num_experts, step = int(hf.num_experts), int(hf.decoder_sparse_step)
+        dense = set(getattr(hf, "mlp_only_layers", None) or ())
+        sparse = tuple(
+            i for i in range(num_layers) if i not in dense and num_experts and (i + 1) % step == 0
+        )
+        if not sparse:
+            return None
+        return MoeConfig(
+            num_experts=num_experts,
+            top_k=int(hf.num_experts_per_tok),
+            intermediate_size=int(hf.moe_intermediate_size),
+            normalize_top_k=bool(hf.norm_topk_prob),
+            sparse_layers=sparse,
+        )
+    return None
 
 
 def _rope_from_hf(hf: Any) -> RopeConfig:

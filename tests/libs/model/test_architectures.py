@@ -29,6 +29,38 @@ def test_an_unsupported_architecture_is_refused_with_the_supported_list() -> Non
         model_class("GPT2LMHeadModel")
 
 
+def _qwen3_moe(**fields: Any) -> ModelConfig:
+    from transformers import Qwen3MoeConfig
+
+    shape: dict[str, Any] = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "head_dim": 32,
+    }
+    hf = Qwen3MoeConfig(architectures=["Qwen3MoeForCausalLM"], **shape, **fields)
+    return ModelConfig.from_hf(hf)
+
+
+def test_qwen3_moe_sparse_layers_follow_the_step_and_the_dense_list() -> None:
+    config = _qwen3_moe(
+        num_hidden_layers=6,
+        decoder_sparse_step=2,
+        mlp_only_layers=[3],
+        num_experts=16,
+        num_experts_per_tok=4,
+        moe_intermediate_size=48,
+        norm_topk_prob=False,
+    )
+    assert config.moe is not None
+    assert config.moe.sparse_layers == (1, 5)  # layers 1, 3, 5 by the step; 3 kept dense
+    assert (config.moe.num_experts, config.moe.top_k, config.moe.intermediate_size) == (16, 4, 48)
+    assert not config.moe.normalize_top_k
+    assert config.head_dim == 32 and not config.qkv_bias
+    all_dense = _qwen3_moe(num_hidden_layers=2, mlp_only_layers=[0, 1])
+    assert all_dense.moe is None
+
+
 def test_qwen3_reads_head_dim_and_attention_bias() -> None:
     from transformers import Qwen3Config
 
@@ -39,6 +71,6 @@ def test_qwen3_reads_head_dim_and_attention_bias() -> None:
         "head_dim": 48,
     }
     plain = ModelConfig.from_hf(Qwen3Config(architectures=["Qwen3ForCausalLM"], **shape))
-    assert plain.head_dim == 48 and not plain.qkv_bias and not plain.o_bias
+    assert plain.head_dim == 48 and not plain.qkv_bias and not plain.o_bias and plain.moe is None
     biased = Qwen3Config(architectures=["Qwen3ForCausalLM"], attention_bias=True, **shape)
     assert ModelConfig.from_hf(biased).qkv_bias and ModelConfig.from_hf(biased).o_bias

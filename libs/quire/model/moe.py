@@ -1,0 +1,103 @@
+"""Sparse mixture-of-experts MLP: a router picks each token's top-k SwiGLU experts and the
+token's output is their outputs weighted by the router's probabilities.
+
+The experts run grouped: the (token, expert) pairs are sorted by expert, each expert multiplies
+the rows routed to it in one GEMM, and the weighted rows are added back to their tokens. The
+Python loop is over the experts a batch uses, never over tokens. `reference_sparse_moe` is the
+plain oracle: every expert over every token, masked.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from quire.model.layers import CheckpointTensors
+from quire.model.model_config import MoeConfig
+
+# checkpoint names of one expert's gate, up and down projections (Qwen3-MoE's *_proj)
+ExpertNames = tuple[str, str, str]
+
+
+def route(
+    router_logits: torch.Tensor,  # [num_tokens, num_experts]
+    top_k: int,
+    normalize: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's experts `[num_tokens, top_k]` int64 and their weights (float32): softmax
+    over all experts, the top k, renormalized to sum to 1 when `normalize`."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    if normalize:
+        weights /= weights.sum(dim=-1, keepdim=True)
+    return experts, weights
+
+
+class SparseMoE:
+    """Router + stacked expert weights (gate and up fused per expert)."""
+
+    def __init__(
+        self,
+        config: MoeConfig,
+        router: torch.Tensor,  # [num_experts, hidden]
+        gate_up: torch.Tensor,  # [num_experts, 2 * intermediate, hidden]
+        down: torch.Tensor,  # [num_experts, hidden, intermediate]
+    ) -> None:
+        self.top_k = config.top_k
+        self.normalize = config.normalize_top_k
+        self.num_experts = config.num_experts
+        self.router = router
+        # Transposed, [E, in, out]: each expert's product is a plain x @ W_t (NN GEMM), the
+        # layout quire.model.linear's torch backend keeps for the same reason on the CPU.
+        self.gate_up_t = gate_up.transpose(1, 2).contiguous()
+        self.down_t = down.transpose(1, 2).contiguous()
+
+    @classmethod
+    def load(
+        cls,
+        take: CheckpointTensors,
+        prefix: str,  # e.g. "model.layers.3.mlp."
+        config: MoeConfig,
+        expert_names: ExpertNames,
+    ) -> SparseMoE:
+        """`{prefix}gate.weight` (the router) and `{prefix}experts.{e}.{name}.weight`."""
+        gate, up, down = expert_names
+        experts = [f"{prefix}experts.{e}." for e in range(config.num_experts)]
+        gate_up = torch.stack(
+            [torch.cat([take(f"{e}{gate}.weight"), take(f"{e}{up}.weight")]) for e in experts]
+        )
+        down_w = torch.stack([take(f"{e}{down}.weight") for e in experts])
+        return cls(config, take(prefix + "gate.weight"), gate_up, down_w)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """`[num_tokens, hidden]` -> the experts' weighted sum, same shape."""
+        experts, weights = route(F.linear(x, self.router), self.top_k, self.normalize)
+        # Sort the num_tokens * top_k (token, expert) pairs by expert: pair p is token p // k.
+        flat_experts = experts.flatten()
+        order = torch.argsort(flat_experts, stable=True)
+        tokens = order // self.top_k  # [num_pairs]: each sorted pair's token
+        rows = x[tokens]  # [num_pairs, hidden], grouped by expert
+        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
+        out = torch.empty_like(rows)
+        start = 0
+        for e, count in enumerate(counts):
+            if count:
+                end = start + count
+                gate, up = torch.mm(rows[start:end], self.gate_up_t[e]).chunk(2, dim=-1)
+                torch.mm(F.silu(gate) * up, self.down_t[e], out=out[start:end])
+                start = end
+        out *= weights.flatten()[order].unsqueeze(1).to(out.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, out)
+
+
+def reference_sparse_moe(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
+    """The oracle of `SparseMoE.__call__`: each expert run densely over all tokens, its
+    output kept with the router's weight where the token chose it, else with weight 0."""
+    experts, weights = route(F.linear(x, moe.router), moe.top_k, moe.normalize)
+    out = torch.zeros_like(x, dtype=torch.float32)
+    for e in range(moe.num_experts):
+        # weight_e: [num_tokens], the router weight of expert e for each token (0 if unchosen)
+        weight_e = (weights * (experts == e)).sum(dim=-1)
+        gate, up = (x @ moe.gate_up_t[e]).chunk(2, dim=-1)
+        out += weight_e.unsqueeze(1) * (F.silu(gate) * up @ moe.down_t[e]).float()
+    return out.to(x.dtype)
