@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 
 from quire import LLM, SamplingParams
 from services.common.wire.executor import params_to_proto
@@ -43,27 +44,33 @@ def computed_alone(tiny_model: Path) -> list[int]:
     return list(outputs[0].outputs[0].token_ids)
 
 
-def test_a_follow_up_pulls_its_context_from_the_executor_that_computed_it(
+@pytest.fixture
+def context_on_first(
     executor_factory: Callable[[str], Executor],  # noqa: F811
-    memory_manager: ServiceProcess,
-    tiny_model: Path,
-) -> None:
-    first, second = executor_factory("pull-src"), executor_factory("pull-dst")
+    request: pytest.FixtureRequest,
+) -> tuple[Executor, Executor]:
+    """Two executors; the first has computed CONTEXT, the second holds nothing."""
+    name = request.node.name.removeprefix("test_")[:24]
+    first, second = executor_factory(f"{name}-src"), executor_factory(f"{name}-dst")
     assert len(generate(first, "ctx", CONTEXT)[0]) == 8
+    return first, second
+
+
+def test_a_follow_up_pulls_its_context_from_the_executor_that_computed_it(
+    context_on_first: tuple[Executor, Executor], memory_manager: ServiceProcess, tiny_model: Path
+) -> None:
+    first, second = context_on_first
     tokens, cached = generate(second, "follow-up", FOLLOW_UP)
     assert cached == 64  # "pull-dst" had nothing: all four full blocks came from "pull-src"
     assert tokens == computed_alone(tiny_model)
-    stats = manager_stats(memory_manager.target, "pull-src")
+    stats = manager_stats(memory_manager.target, first.executor_id)
     assert stats is not None and stats.num_blocks_used == 0  # the pin was released
 
 
 def test_a_dead_source_means_the_prompt_is_computed(
-    executor_factory: Callable[[str], Executor],  # noqa: F811
-    memory_manager: ServiceProcess,
-    tiny_model: Path,
+    context_on_first: tuple[Executor, Executor], tiny_model: Path
 ) -> None:
-    first, second = executor_factory("dead-src"), executor_factory("dead-dst")
-    generate(first, "ctx", CONTEXT)
+    first, second = context_on_first
     # Stopped, not gone: the manager still offers its blocks, and the pull cannot connect.
     first.proc.send_signal(signal.SIGSTOP)
     try:
