@@ -142,6 +142,22 @@ PRESETS: dict[str, dict[str, Any]] = {
         "output_router_logits": False,
         **_rope(1000000.0),
     },
+    "tiny-mixtral": {
+        **_COMMON,
+        **_TINY_SHAPE,
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "num_hidden_layers": 2,
+        "intermediate_size": 192,  # each expert's
+        "head_dim": 32,
+        "sliding_window": None,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "router_jitter_noise": 0.0,
+        "router_aux_loss_coef": 0.0,
+        "output_router_logits": False,
+        **_rope(1000000.0),
+    },
     "tiny-mistral": {
         **_COMMON,
         **_TINY_SHAPE,
@@ -267,6 +283,8 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
 def sparse_layers(config: dict[str, Any]) -> set[int]:
     """The layers whose MLP is a sparse mixture of experts (as transformers builds them)."""
     num_layers = config["num_hidden_layers"]
+    if config["model_type"] == "mixtral":
+        return set(range(num_layers))
     if config["model_type"] == "qwen3_moe":
         dense, step = set(config["mlp_only_layers"]), config["decoder_sparse_step"]
         return {i for i in range(num_layers) if i not in dense and (i + 1) % step == 0}
@@ -276,6 +294,7 @@ def sparse_layers(config: dict[str, Any]) -> set[int]:
 # model_type -> (MoE block, router, expert gate, up, down) names in the checkpoint
 _EXPERT_NAMES = {
     "qwen3_moe": ("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("block_sparse_moe", "gate", "w1", "w3", "w2"),
 }
 
 
@@ -283,7 +302,8 @@ def _expert_specs(config: dict[str, Any], layer: int, proj_std: float) -> list[T
     block, router, gate, up, down = _EXPERT_NAMES[config["model_type"]]
     prefix = f"model.layers.{layer}.{block}"
     hidden = config["hidden_size"]
-    num_experts, inter = config["num_experts"], config["moe_intermediate_size"]
+    num_experts = config.get("num_experts") or config["num_local_experts"]
+    inter = config.get("moe_intermediate_size") or config["intermediate_size"]
     specs = [TensorSpec(f"{prefix}.{router}.weight", (num_experts, hidden), 0.0, proj_std)]
     for e in range(num_experts):
         expert = f"{prefix}.experts.{e}"

@@ -18,6 +18,7 @@ TEST_PRESETS = [
     "tiny-mistral",
     "tiny-qwen3",
     "tiny-qwen3-moe",
+    "tiny-mixtral",
 ]
 # Mixed scripts, emoji with ZWJ, a decomposed accent (non-NFC), tabs and runs of spaces.
 UTF8_TEXT = "Héllo wörld — 你好，世界 😀👩‍💻 Καλημέρα, Привет!\n\tdef f(x):  return x**2  e\u0301"
@@ -119,6 +120,11 @@ def test_variant_features_reach_transformers(checkpoints: dict[str, Path]) -> No
     kinds = [type(layer.mlp).__name__ for layer in qwen3_moe.model.layers]
     assert kinds == ["Qwen3MoeSparseMoeBlock", "Qwen3MoeMLP", "Qwen3MoeSparseMoeBlock"]
     assert qwen3_moe.config.norm_topk_prob and qwen3_moe.config.num_experts == 4
+
+    mixtral = AutoModelForCausalLM.from_pretrained(checkpoints["tiny-mixtral"])
+    experts = mixtral.model.layers[0].mlp.experts
+    assert experts.gate_up_proj.shape == (8, 2 * 192, 128)
+    assert mixtral.config.num_experts_per_tok == 2
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-qwen3"])

@@ -18,6 +18,7 @@ ARCHITECTURES: dict[str, tuple[str, str]] = {
     "Qwen2ForCausalLM": ("llama", "LlamaForCausalLM"),
     "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
     "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "MixtralForCausalLM": ("mixtral", "MixtralForCausalLM"),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 

@@ -74,7 +74,7 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"  # dtype the checkpoint was saved in
-    moe: MoeConfig | None = None  # sparse expert MLPs (Qwen3-MoE); None: all dense
+    moe: MoeConfig | None = None  # sparse expert MLPs (Qwen3-MoE, Mixtral); None: all dense
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -149,6 +149,14 @@ class ModelConfig:
 
 def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
     num_layers = int(hf.num_hidden_layers)
+    if arch == "MixtralForCausalLM":  # every layer sparse; top-k always renormalized
+        return MoeConfig(
+            num_experts=int(hf.num_local_experts),
+            top_k=int(hf.num_experts_per_tok),
+            intermediate_size=int(hf.intermediate_size),
+            normalize_top_k=True,
+            sparse_layers=tuple(range(num_layers)),
+        )
     if arch == "Qwen3MoeForCausalLM":  # sparse every decoder_sparse_step-th layer
         num_experts, step = int(hf.num_experts), int(hf.decoder_sparse_step)
         dense = set(getattr(hf, "mlp_only_layers", None) or ())

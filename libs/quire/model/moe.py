@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from quire.model.layers import CheckpointTensors
 from quire.model.model_config import MoeConfig
 
-# checkpoint names of one expert's gate, up and down projections (Qwen3-MoE's *_proj)
+# checkpoint names of one expert's gate, up and down projections (Qwen3-MoE, Mixtral)
 ExpertNames = tuple[str, str, str]
 
 
@@ -56,7 +56,7 @@ class SparseMoE:
     def load(
         cls,
         take: CheckpointTensors,
-        prefix: str,  # e.g. "model.layers.3.mlp."
+        prefix: str,  # e.g. "model.layers.3.mlp." or "model.layers.3.block_sparse_moe."
         config: MoeConfig,
         expert_names: ExpertNames,
     ) -> SparseMoE:

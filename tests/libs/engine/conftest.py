@@ -22,7 +22,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """quire-tiny plus random configurations: MQA with llama3 rope; Qwen2 bias + tied; Qwen3
-    (q/k norms, head_dim 48); Qwen3-MoE (4 experts, a dense layer)."""
+    (q/k norms, head_dim 48); Qwen3-MoE (4 experts, a dense layer); Mixtral (8 experts)."""
     root = tmp_path_factory.mktemp("zoo")
     return {
         "tiny": tiny_model,
@@ -30,6 +30,7 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         "tiny-qwen2": make_checkpoint(root / "qwen2", "tiny-qwen2", seed=2),
         "tiny-qwen3": make_checkpoint(root / "qwen3", "tiny-qwen3", seed=3),
         "tiny-qwen3-moe": make_checkpoint(root / "qwen3-moe", "tiny-qwen3-moe", seed=4),
+        "tiny-mixtral": make_checkpoint(root / "mixtral", "tiny-mixtral", seed=5),
     }
 
 

@@ -61,6 +61,26 @@ def test_qwen3_moe_sparse_layers_follow_the_step_and_the_dense_list() -> None:
     assert all_dense.moe is None
 
 
+def test_mixtral_is_sparse_everywhere_and_renormalizes() -> None:
+    from transformers import MixtralConfig
+
+    hf = MixtralConfig(
+        architectures=["MixtralForCausalLM"],
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=3,
+        intermediate_size=96,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+    )
+    config = ModelConfig.from_hf(hf)
+    assert config.moe is not None
+    assert config.moe.sparse_layers == (0, 1, 2) and config.moe.normalize_top_k
+    assert (config.moe.num_experts, config.moe.top_k, config.moe.intermediate_size) == (8, 2, 96)
+    assert config.head_dim == 16
+
+
 def test_qwen3_reads_head_dim_and_attention_bias() -> None:
     from transformers import Qwen3Config
 

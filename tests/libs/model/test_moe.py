@@ -63,20 +63,30 @@ def test_unused_experts_and_repeated_tokens() -> None:
     torch.testing.assert_close(out, reference_sparse_moe(moe, x))
 
 
-@pytest.mark.parametrize("normalize", [True, False])
-def test_matches_the_transformers_block(normalize: bool) -> None:
-    from transformers import Qwen3MoeConfig
+@pytest.mark.parametrize(
+    ("architecture", "normalize"), [("qwen3_moe", True), ("qwen3_moe", False), ("mixtral", True)]
+)
+def test_matches_the_transformers_block(architecture: str, normalize: bool) -> None:
+    from transformers import MixtralConfig, Qwen3MoeConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
     moe, state = random_moe(moe_config(8, 2, normalize), seed=11)
-    qwen = Qwen3MoeConfig(
-        hidden_size=HIDDEN,
-        num_experts_per_tok=2,
-        moe_intermediate_size=INTER,
-        num_experts=8,
-        norm_topk_prob=normalize,
-    )
-    block = Qwen3MoeSparseMoeBlock(qwen)
+    block: torch.nn.Module
+    if architecture == "mixtral":  # always renormalizes
+        mixtral = MixtralConfig(
+            hidden_size=HIDDEN, num_experts_per_tok=2, intermediate_size=INTER, num_local_experts=8
+        )
+        block = MixtralSparseMoeBlock(mixtral)
+    else:
+        qwen = Qwen3MoeConfig(
+            hidden_size=HIDDEN,
+            num_experts_per_tok=2,
+            moe_intermediate_size=INTER,
+            num_experts=8,
+            norm_topk_prob=normalize,
+        )
+        block = Qwen3MoeSparseMoeBlock(qwen)
     with torch.no_grad():
         block.gate.weight.copy_(state["mlp.gate.weight"])
         for e in range(8):
