@@ -239,11 +239,55 @@ async def fault_disconnect_executor(router: Router, plan: Plan) -> dict[str, Any
     )
 
 
+async def complete_once(router: Router, prompt: str) -> tuple[str, int, float]:
+    """One greedy one-token completion: who served it, its cached prompt tokens, seconds."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0}
+    started = time.monotonic()
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(f"{router.url}/v1/completions", json=body)
+    response.raise_for_status()
+    cached = response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    return response.headers["x-quire-executor"], cached, time.monotonic() - started
+
+
+async def fault_pause_pull_source(router: Router, plan: Plan) -> dict[str, Any]:
+    """`docker pause` the executor holding a long context, then send its follow-up: another
+    executor is offered the paused one's blocks, its pull times out and it computes them."""
+    context = " ".join(f"Fact {i}: the sky over harbour {i} is clear today." for i in range(40))
+    source, _, _ = await complete_once(router, context)
+    cid = container(source)
+    load = await steady_load(router, plan, seed=5)
+    await asyncio.to_thread(run, "docker", "pause", cid)
+    try:
+        await asyncio.sleep(3.0)  # past the liveness TTL: the router stops choosing it
+        served, cached, seconds = await complete_once(router, context + " And the sea?")
+    finally:
+        await asyncio.to_thread(run, "docker", "unpause", cid)
+    t_unpause = time.monotonic()
+    routable_s = await wait_routable(router, source)
+    await asyncio.sleep(plan.after_s)
+    return await finish(
+        load,
+        router,
+        {
+            "source": source,
+            "follow_up_served_by": served,
+            "follow_up_cached_tokens": cached,
+            "follow_up_s": round(seconds, 2),  # includes the pull's timeout
+            "unpause_to_routable_s": round(routable_s, 2),
+            "completed_after_unpause": sum(
+                o.bucket == "completed" for o in load.outcomes_since(t_unpause)
+            ),
+        },
+    )
+
+
 FAULTS: dict[str, Callable[[Router, Plan], Awaitable[dict[str, Any]]]] = {
     "kill_executor": fault_kill_executor,
     "restart_memory_manager": fault_restart_memory_manager,
     "pause_redis": fault_pause_redis,
     "disconnect_executor": fault_disconnect_executor,
+    "pause_pull_source": fault_pause_pull_source,
 }
 
 

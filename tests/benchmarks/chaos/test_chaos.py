@@ -67,6 +67,17 @@ def test_rolling_update_loses_nothing(tmp_path: Path) -> None:
     assert result["executor_exit"] == 0
 
 
+def test_a_frozen_pull_source_means_the_follow_up_computes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pulls taken whatever the tiny model's costs (the chaos CLI does the same).
+    monkeypatch.setenv("QUIRE_PULL_POLICY", "always")
+    result = run_fault("stop_pull_source", tmp_path)
+    assert_clean(result)
+    assert result["pull_fallbacks"] == 1  # it tried the frozen source and gave up
+    assert result["follow_up_completed"] == 1 and result["follow_up_cached_tokens"] == 0
+
+
 @pytest.mark.slow
 def test_soak_frees_every_block(tmp_path: Path) -> None:
     config = make_config(num_kv_blocks=24)
