@@ -46,7 +46,9 @@ class SparseMoE:
         self.top_k = config.top_k
         self.normalize = config.normalize_top_k
         self.num_experts = config.num_experts
-        self.router = router
+        # Routing is a discrete choice: logits from a 16-bit product tie or swap places where
+        # float32's would not, so the router runs in float32 (it is [num_experts, hidden]).
+        self.router = router.float()
         # Transposed, [E, in, out]: each expert's product is a plain x @ W_t (NN GEMM), the
         # layout quire.model.linear's torch backend keeps for the same reason on the CPU.
         self.gate_up_t = gate_up.transpose(1, 2).contiguous()
@@ -71,7 +73,7 @@ class SparseMoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`[num_tokens, hidden]` -> the experts' weighted sum, same shape."""
-        experts, weights = route(F.linear(x, self.router), self.top_k, self.normalize)
+        experts, weights = route(F.linear(x.float(), self.router), self.top_k, self.normalize)
         # Sort the num_tokens * top_k (token, expert) pairs by expert: pair p is token p // k.
         flat_experts = experts.flatten()
         order = torch.argsort(flat_experts, stable=True)
@@ -86,14 +88,16 @@ class SparseMoE:
                 gate, up = torch.mm(rows[start:end], self.gate_up_t[e]).chunk(2, dim=-1)
                 torch.mm(F.silu(gate) * up, self.down_t[e], out=out[start:end])
                 start = end
-        out *= weights.flatten()[order].unsqueeze(1).to(out.dtype)
-        return torch.zeros_like(x).index_add_(0, tokens, out)
+        # Weighted and summed per token in float32, rounded once to the activation dtype.
+        weighted = out.float() * weights.flatten()[order].unsqueeze(1)
+        summed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        return summed.index_add_(0, tokens, weighted).to(x.dtype)
 
 
 def reference_sparse_moe(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
     """The oracle of `SparseMoE.__call__`: each expert run densely over all tokens, its
     output kept with the router's weight where the token chose it, else with weight 0."""
-    experts, weights = route(F.linear(x, moe.router), moe.top_k, moe.normalize)
+    experts, weights = route(F.linear(x.float(), moe.router), moe.top_k, moe.normalize)
     out = torch.zeros_like(x, dtype=torch.float32)
     for e in range(moe.num_experts):
         # weight_e: [num_tokens], the router weight of expert e for each token (0 if unchosen)

@@ -39,7 +39,12 @@ def prompts_for(name: str, path: Path, vocab_size: int) -> list[list[int]]:
 
 # float16 on the real model is left out for time: Quire's float16 LM head runs in torch, which
 # has no fast float16 matmul on this CPU (float16 is covered on the random checkpoints).
-CASES = [(name, dtype) for name in ("tiny", "tiny-mqa", "tiny-qwen2") for dtype in DTYPES]
+# The MoE checkpoints are left out: a near-tie in the router switches experts, a jump the
+# per-position bound assumes away; tests/libs/model/test_moe.py holds their experts' bfloat16
+# error to transformers'.
+CASES = [
+    (name, dtype) for name in ("tiny", "tiny-mqa", "tiny-qwen2", "tiny-qwen3") for dtype in DTYPES
+]
 
 
 @pytest.mark.parametrize(("name", "dtype"), [*CASES, ("smollm2", "bfloat16")])

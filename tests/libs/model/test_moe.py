@@ -12,15 +12,18 @@ from quire.model.moe import SparseMoE, reference_sparse_moe, route
 HIDDEN, INTER = 32, 24
 
 
-def random_moe(config: MoeConfig, seed: int) -> tuple[SparseMoE, dict[str, torch.Tensor]]:
-    """A SparseMoE loaded from Qwen3-MoE-named tensors, and those tensors."""
+def random_moe(
+    config: MoeConfig, seed: int, dtype: torch.dtype = torch.float32
+) -> tuple[SparseMoE, dict[str, torch.Tensor]]:
+    """A SparseMoE loaded from Qwen3-MoE-named tensors (float32, cast to `dtype` for the
+    layer), and the float32 tensors."""
     gen = torch.Generator().manual_seed(seed)
     state = {"mlp.gate.weight": torch.randn(config.num_experts, HIDDEN, generator=gen)}
     for e in range(config.num_experts):
         for name, shape in (("gate", (INTER, HIDDEN)), ("up", (INTER, HIDDEN))):
             state[f"mlp.experts.{e}.{name}_proj.weight"] = torch.randn(shape, generator=gen) * 0.2
         state[f"mlp.experts.{e}.down_proj.weight"] = torch.randn(HIDDEN, INTER, generator=gen) * 0.2
-    take = CheckpointTensors(state)
+    take = CheckpointTensors({name: t.to(dtype) for name, t in state.items()})
     moe = SparseMoE.load(take, "mlp.", config, ("gate_proj", "up_proj", "down_proj"))
     take.finish()
     return moe, state
@@ -63,15 +66,14 @@ def test_unused_experts_and_repeated_tokens() -> None:
     torch.testing.assert_close(out, reference_sparse_moe(moe, x))
 
 
-@pytest.mark.parametrize(
-    ("architecture", "normalize"), [("qwen3_moe", True), ("qwen3_moe", False), ("mixtral", True)]
-)
-def test_matches_the_transformers_block(architecture: str, normalize: bool) -> None:
+def transformers_block(
+    architecture: str, normalize: bool, state: dict[str, torch.Tensor]
+) -> torch.nn.Module:
+    """transformers' own MoE block of `architecture` (8 experts, top-2) holding `state`."""
     from transformers import MixtralConfig, Qwen3MoeConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-    moe, state = random_moe(moe_config(8, 2, normalize), seed=11)
     block: torch.nn.Module
     if architecture == "mixtral":  # always renormalizes
         mixtral = MixtralConfig(
@@ -93,8 +95,34 @@ def test_matches_the_transformers_block(architecture: str, normalize: bool) -> N
             gate_up = [state[f"mlp.experts.{e}.{n}_proj.weight"] for n in ("gate", "up")]
             block.experts.gate_up_proj[e].copy_(torch.cat(gate_up))
             block.experts.down_proj[e].copy_(state[f"mlp.experts.{e}.down_proj.weight"])
-    block.eval()
+    return block.eval()
+
+
+@pytest.mark.parametrize(
+    ("architecture", "normalize"), [("qwen3_moe", True), ("qwen3_moe", False), ("mixtral", True)]
+)
+def test_matches_the_transformers_block(architecture: str, normalize: bool) -> None:
+    moe, state = random_moe(moe_config(8, 2, normalize), seed=11)
+    block = transformers_block(architecture, normalize, state)
     x = torch.randn(2, 9, HIDDEN, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = block(x).reshape(-1, HIDDEN)
     torch.testing.assert_close(moe(x.reshape(-1, HIDDEN)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("architecture", ["qwen3_moe", "mixtral"])
+def test_bfloat16_errs_no_more_than_transformers(architecture: str) -> None:
+    # Routing is a discrete choice: where router logits nearly tie, rounding picks either
+    # expert, so bfloat16 cannot match float32 row for row. Over many tokens, Quire's
+    # bfloat16 layer (float32 router and sum) must lie no farther from the float32 layer than
+    # transformers' bfloat16 block does.
+    config = moe_config(8, 2, True)
+    exact_moe, state = random_moe(config, seed=11)
+    moe, _ = random_moe(config, seed=11, dtype=torch.bfloat16)
+    block = transformers_block(architecture, True, state).to(torch.bfloat16)
+    x = torch.randn(4096, HIDDEN, generator=torch.Generator().manual_seed(1)).bfloat16()
+    exact = exact_moe(x.float())
+    with torch.no_grad():
+        theirs = (block(x.unsqueeze(0))[0].float() - exact).abs().mean()
+    ours = (moe(x).float() - exact).abs().mean()
+    assert ours <= 1.1 * theirs, f"mean error {ours:.2e} vs transformers' {theirs:.2e}"
