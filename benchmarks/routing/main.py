@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common.report import write_json
 from benchmarks.common.signals import exit_on_sigterm
@@ -70,6 +71,7 @@ PULL_SERIES = (
     "quire_executor_pulled_blocks",
     "quire_executor_pull_fallbacks",
     "quire_executor_pulls_declined",
+    "quire_executor_num_preemptions",
 )
 
 
@@ -164,6 +166,21 @@ def pull_totals(config: StackConfig) -> dict[str, float]:
     return totals
 
 
+def routing_reasons(config: StackConfig) -> dict[str, float]:
+    """The router's routing decisions so far, by reason (empty if /metrics does not answer)."""
+    try:
+        text = httpx.get(f"{config.router_admin_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    return {
+        s.labels["reason"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "quire_router_routing_decisions"
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
 def run_policy(
     args: argparse.Namespace,
     policy: str,
@@ -190,15 +207,24 @@ def run_policy(
         asyncio.run(warm_up(config.router_url, model, vocab, args.num_executors))
         ready_s = time.monotonic() - started
         for name, requests in runs.items():
-            before = pull_totals(config)
+            before, reasons_before = pull_totals(config), routing_reasons(config)
             outcomes, duration = asyncio.run(client.run(config.router_url, model, requests))
-            after = pull_totals(config)
+            after, reasons = pull_totals(config), routing_reasons(config)
+            # Which tenants (long-context) or conversations each executor served.
+            served: dict[str, set[str]] = {}
+            for req, o in zip(requests, outcomes, strict=True):
+                if o.ok and o.executor:
+                    served.setdefault(o.executor, set()).add(req.group.split("/")[0])
             out[name] = {
                 **summarize(outcomes, duration),
+                "groups_per_executor": {e: sorted(g) for e, g in sorted(served.items())},
                 "policy": policy,
                 "pulls": pulls,
                 "num_kv_blocks": num_kv_blocks,
                 "executor_counters": {k: after[k] - before[k] for k in PULL_SERIES},
+                "routing_reasons": {
+                    k: v - reasons_before.get(k, 0.0) for k, v in sorted(reasons.items())
+                },
                 "stack_ready_s": ready_s,
                 # The machine's 1-min load average around the run: comparable only when alike.
                 "loadavg_before": load_before,
@@ -219,7 +245,9 @@ def progress(name: str, key: str, r: dict[str, Any], oracle: float) -> None:
         f"{f(r['ttft_p99_ms'], '7.0f')} ms  TPOT p99 {f(r['tpot_p99_ms'], '6.0f')} ms  "
         f"{f(r['output_tok_s'], '6.1f')} tok/s  hit {f(r['hit_rate'], '.3f')} (oracle "
         f"{oracle:.3f}, pulled blocks {pulled:.0f})  failed {r['num_failed']}/{r['num_requests']}  "
-        f"by executor {r['requests_per_executor']}  ({r['duration_s']:.0f} s load, "
+        f"by executor {r['requests_per_executor']}  reasons {r['routing_reasons']}  "
+        f"preemptions {r['executor_counters']['quire_executor_num_preemptions']:.0f}  "
+        f"({r['duration_s']:.0f} s load, "
         f"loadavg {r['loadavg_before']:.1f} -> {r['loadavg_after']:.1f})",
         flush=True,
     )
