@@ -22,9 +22,7 @@ def quire_flops(engine: LLMEngine, run: QuireRun) -> float:
     """Useful FLOPs of a run: decoder linears, the lm_head rows, attention scores and values."""
     model, c = engine.model, engine.model.config
     layer_params = sum(
-        w.num_params
-        for layer in model.layers
-        for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        layer.attention.num_params + layer.mlp.num_active_params for layer in model.layers
     )
     attention = 4 * c.num_layers * c.num_heads * c.head_dim * run.attention_context_sum
     return (

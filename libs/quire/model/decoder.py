@@ -8,8 +8,8 @@ MLP is built from its checkpoint's names (`load_mlp`), out of the shared layers
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,18 @@ from quire.model.linear import LayerShapes, Linear, head_backend, linear_backend
 from quire.model.model_config import ModelConfig
 from quire.model.rope import RotaryEmbedding
 
-Mlp = Callable[[torch.Tensor], torch.Tensor]  # GatedMLP or SparseMoE: [n, hidden] -> same
+
+class Mlp(Protocol):
+    """A layer's MLP: GatedMLP or SparseMoE."""
+
+    @property
+    def num_active_params(self) -> int:
+        """Weights one token is multiplied by (FLOP counts)."""
+        ...
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """`[num_tokens, hidden]` -> the same shape."""
+        ...
 
 
 @dataclass

@@ -72,6 +72,11 @@ class Attention:
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
 
+    @property
+    def num_params(self) -> int:
+        """The projections' weights (qkv and o)."""
+        return self.qkv.num_params + self.o.num_params
+
     @classmethod
     def load(
         cls,
@@ -127,6 +132,11 @@ class GatedMLP:
     def __init__(self, gate_up: Linear, down: Linear) -> None:
         self.gate_up = gate_up  # [2 * intermediate, hidden]
         self.down = down  # [hidden, intermediate]
+
+    @property
+    def num_active_params(self) -> int:
+        """Weights one token is multiplied by."""
+        return self.gate_up.num_params + self.down.num_params
 
     @classmethod
     def load(

@@ -54,6 +54,12 @@ class SparseMoE:
         self.gate_up_t = gate_up.transpose(1, 2).contiguous()
         self.down_t = down.transpose(1, 2).contiguous()
 
+    @property
+    def num_active_params(self) -> int:
+        """Weights one token is multiplied by: the router and its top_k experts."""
+        per_expert = self.gate_up_t[0].numel() + self.down_t[0].numel()
+        return self.router.numel() + self.top_k * per_expert
+
     @classmethod
     def load(
         cls,
