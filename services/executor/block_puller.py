@@ -76,11 +76,8 @@ class GrpcBlockPuller:
             )
         if received:
             self.kv.write_blocks(block_ids[: len(received)], rows_from_bytes(self.kv, received))
-        self.stats.num_pulls += 1
-        self.stats.num_blocks += len(received)
-        self.stats.num_bytes += len(received) * self.kv.bytes_per_block
-        self.stats.seconds += time.perf_counter() - started
-        self.stats.num_fallbacks += len(received) < len(block_ids)
+        seconds = time.perf_counter() - started
+        self.stats.record(len(block_ids), len(received), self.kv.bytes_per_block, seconds)
         return len(received)
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ the executor's gRPC puller (services/executor) moves the same rows over the netw
 
 from __future__ import annotations
 
+import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -55,6 +56,14 @@ class PullStats:
     num_fallbacks: int = 0  # pulls that got fewer blocks than offered (the rest computed)
     num_declined: int = 0  # offers not taken: computing was measured cheaper
 
+    def record(self, num_offered: int, num_written: int, block_bytes: int, seconds: float) -> None:
+        """One pull: `num_written` of `num_offered` blocks of `block_bytes` each, in `seconds`."""
+        self.num_pulls += 1
+        self.num_blocks += num_written
+        self.num_bytes += num_written * block_bytes
+        self.seconds += seconds
+        self.num_fallbacks += num_written < num_offered
+
     def since(self, earlier: PullStats) -> PullStats:
         """What was pulled after `earlier` (a copy of these stats taken before)."""
         return PullStats(
@@ -75,13 +84,12 @@ class InProcessPuller:
         self.stats = PullStats()
 
     def pull(self, offer: PullOffer, block_ids: Sequence[int]) -> int:
-        self.stats.num_pulls += 1
+        started = time.perf_counter()
         source = self.sources.get(offer.source_executor_id)
-        if source is None or layout(source) != layout(self.destination):
-            self.stats.num_fallbacks += 1
-            return 0
-        rows = source.read_blocks(offer.source_block_ids)
-        self.destination.write_blocks(block_ids, rows)
-        self.stats.num_blocks += len(block_ids)
-        self.stats.num_bytes += len(block_ids) * self.destination.bytes_per_block
-        return len(block_ids)
+        num_written = 0
+        if source is not None and layout(source) == layout(self.destination):
+            self.destination.write_blocks(block_ids, source.read_blocks(offer.source_block_ids))
+            num_written = len(block_ids)
+        seconds = time.perf_counter() - started
+        self.stats.record(len(block_ids), num_written, self.destination.bytes_per_block, seconds)
+        return num_written
