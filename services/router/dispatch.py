@@ -3,14 +3,15 @@
 The first response of a Generate call is awaited here, before the client sees anything: an
 executor that turns out UNAVAILABLE at that point (dead process, refused connection) is
 marked down for a few seconds and the request is routed again, to another executor, at most
-`max_retries` times. After the first token the stream is the client's, errors and all.
+`max_retries` times. After the first response a lost executor raises `ExecutorLost`
+(services/router/executor_lost.py), and the generation continues the stream elsewhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -23,6 +24,7 @@ from services.router.admission.slots import ALL_EXECUTORS_FULL, Admission, curre
 from services.router.directory import ClusterView, ExecutorDirectory
 from services.router.errors import ApiError, from_grpc
 from services.router.executor_client import ExecutorClients
+from services.router.executor_lost import LOST_CODES, ExecutorLost
 from services.router.hash_watch import HashWatch
 from services.router.router_logging import current_request_id
 from services.router.router_metrics import RouterMetrics
@@ -31,7 +33,7 @@ from services.rpc import executor_pb2, executor_pb2_grpc
 log = structlog.get_logger("router.dispatch")
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity: the dispatcher keeps sets of them
 class ExecutorStream:
     """A Generate call whose first response has arrived; holds one admission slot."""
 
@@ -41,11 +43,18 @@ class ExecutorStream:
     stub: executor_pb2_grpc.ExecutorStub
     first: executor_pb2.GenerateResponse
     dispatcher: Dispatcher
+    # What this call continues (a migrated output), None for a request's first call.
+    continuation: executor_pb2.Continuation | None = None
     closed: bool = field(default=False)
+    lost_reason: str | None = None  # set by `lose()`
     _aborts: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def responses(self) -> AsyncIterator[executor_pb2.GenerateResponse]:
-        """Every response, the first included, until the finished one (or `close()`)."""
+        """Every response, the first included, until the finished one (or `close()`).
+
+        Raises `ExecutorLost` when the executor goes away before the finished response
+        (services/router/executor_lost.py says when), `ApiError` for the request's own errors.
+        """
         try:
             response = self.first
             while True:
@@ -54,17 +63,36 @@ class ExecutorStream:
                     return
                 following = await self.call.read()
                 if following is grpc.aio.EOF:
-                    raise ApiError(
-                        502, f"executor {self.executor_id} ended the stream before finishing"
-                    )
+                    raise ExecutorLost(self.executor_id, "the stream ended before finishing")
                 assert isinstance(following, executor_pb2.GenerateResponse)
                 response = following
+        except asyncio.CancelledError:
+            # `lose()` cancelled the call under the pending read; any other cancellation
+            # (the client left) goes on up.
+            task = asyncio.current_task()
+            if self.lost_reason is None or (task is not None and task.cancelling()):
+                raise
+            raise ExecutorLost(self.executor_id, self.lost_reason) from None
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 self.dispatcher.directory.mark_down(self.executor_id)
+            if error.code() in LOST_CODES and not self.closed:
+                raise ExecutorLost(
+                    self.executor_id, f"{error.code().name}: {error.details()}"
+                ) from error
             raise from_grpc(error, self.executor_id) from error
         finally:
             self.close()
+
+    def lose(self, reason: str) -> None:
+        """Declare this stream's executor lost: `responses()` raises `ExecutorLost(reason)` at
+        its next read (a pending one included) instead of waiting for the executor. The call
+        is cancelled, which aborts the request on the executor if it is still there."""
+        if self.closed or self.lost_reason is not None:
+            return
+        self.lost_reason = reason
+        if not self.call.done():
+            self.call.cancel()
 
     def end_outputs(self, indices: list[int]) -> None:
         """Ask the executor to stop generating some outputs (stop strings matched here).
@@ -92,7 +120,29 @@ class ExecutorStream:
         self.closed = True
         if not self.call.done():
             self.call.cancel()
-        self.dispatcher.release(self.executor_id)
+        self.dispatcher.stream_closed(self)
+
+
+async def open_all(opens: Iterable[Awaitable[ExecutorStream]]) -> list[ExecutorStream]:
+    """Await several `Dispatcher.open` calls together: all streams, or none.
+
+    When one fails, or the caller is cancelled (the client left), every stream that opened
+    (or opens later) is closed and the error raised.
+    """
+    tasks = [asyncio.ensure_future(opening) for opening in opens]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+            task.add_done_callback(_close_if_opened)
+        raise
+
+
+def _close_if_opened(task: asyncio.Future[ExecutorStream]) -> None:
+    if not task.cancelled() and task.exception() is None:
+        task.result().close()
 
 
 class Dispatcher:
@@ -110,6 +160,7 @@ class Dispatcher:
         max_retries: int,
         retry_after_s: int,
         log_prompts: bool = False,
+        max_migrations: int = 2,
     ) -> None:
         self.directory = directory
         self.admission = admission
@@ -121,6 +172,9 @@ class Dispatcher:
         self.max_retries = max_retries
         self.retry_after_s = retry_after_s
         self.log_prompts = log_prompts  # log prompt and output text of every request
+        # Executor losses one HTTP request survives (services/router/executor_lost.py).
+        self.max_migrations = max_migrations
+        self._open_streams: dict[str, set[ExecutorStream]] = {}
 
     def too_many(self, message: str) -> ApiError:
         self.metrics.admission_rejections.labels(code="429").inc()
@@ -190,17 +244,30 @@ class Dispatcher:
         prompt_ids: list[int],
         params: executor_pb2.SamplingParams,
         arrival: float,
+        continuation: executor_pb2.Continuation | None = None,
+        avoid: Sequence[str] = (),
     ) -> ExecutorStream:
-        """Route, call Generate and wait for the first response, retrying on UNAVAILABLE."""
+        """Route, call Generate and wait for the first response, retrying on UNAVAILABLE.
+
+        With `continuation`, the call continues one output whose executor was lost: it is
+        routed on the prompt and the output's tokens so far (the prefix it will look up),
+        never to an executor in `avoid`.
+        """
         request = executor_pb2.GenerateRequest(
-            request_id=request_id, prompt_token_ids=prompt_ids, params=params
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            params=params,
+            continuation=continuation,
         )
+        routed_ids = prompt_ids
+        if continuation is not None:
+            routed_ids = [*prompt_ids, *continuation.token_ids]
         # The HTTP request's id (x-request-id) names it in the executor's and the memory
         # manager's logs; `request_id` (unique per executor request) is the engine's id.
         metadata = (("x-request-id", current_request_id() or request_id),)
-        tried: set[str] = set()
+        tried: set[str] = set(avoid)
         for attempt in range(self.max_retries + 1):
-            decision = await self.route(prompt_ids, tried)
+            decision = await self.route(routed_ids, tried)
             if not self.admission.try_acquire(decision.executor_id, current_ticket.get()):
                 raise self.too_many("the chosen executor filled up meanwhile; retry later")
             self.metrics.in_flight.inc()
@@ -234,10 +301,41 @@ class Dispatcher:
                 self.release(decision.executor_id)
                 raise ApiError(502, f"executor {decision.executor_id} returned no output")
             assert isinstance(first, executor_pb2.GenerateResponse)
-            self.metrics.ttft.observe(time.monotonic() - arrival)
-            self.metrics.observe_prompt(first.num_prompt_tokens, first.num_cached_tokens)
-            return ExecutorStream(decision.executor_id, request_id, call, stub, first, self)
+            if continuation is None:  # a continuation's first token is no request's first
+                self.metrics.ttft.observe(time.monotonic() - arrival)
+                self.metrics.observe_prompt(first.num_prompt_tokens, first.num_cached_tokens)
+            stream = ExecutorStream(
+                decision.executor_id, request_id, call, stub, first, self, continuation
+            )
+            self._open_streams.setdefault(decision.executor_id, set()).add(stream)
+            return stream
         raise self.unavailable(f"no executor answered after {self.max_retries + 1} attempts")
+
+    def lose_executor(self, executor_id: str, reason: str) -> int:
+        """Declare an executor lost: mark it down and `lose()` every open stream on it (their
+        generations migrate them). Returns how many streams were open there."""
+        self.directory.mark_down(executor_id)
+        streams = list(self._open_streams.get(executor_id, ()))
+        for stream in streams:
+            stream.lose(reason)
+        if streams:
+            log.warning(
+                "executor lost", executor_id=executor_id, reason=reason, num_streams=len(streams)
+            )
+        return len(streams)
+
+    def executors_with_streams(self) -> set[str]:
+        """Executors this router has open streams on."""
+        return {e for e, streams in self._open_streams.items() if streams}
+
+    def stream_closed(self, stream: ExecutorStream) -> None:
+        """A stream's call is over: forget it and free its admission slot."""
+        streams = self._open_streams.get(stream.executor_id)
+        if streams is not None:
+            streams.discard(stream)
+            if not streams:
+                del self._open_streams[stream.executor_id]
+        self.release(stream.executor_id)
 
     def release(self, executor_id: str) -> None:
         self.admission.release(executor_id)

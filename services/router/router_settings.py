@@ -68,6 +68,12 @@ class RouterSettings(BaseSettings):
         default=600.0, gt=0, description="deadline of one executor call"
     )
     max_retries: int = Field(default=2, ge=0, description="other executors tried after UNAVAILABLE")
+    max_migrations: int = Field(
+        default=2,
+        ge=0,
+        description="executors a request may lose mid-stream and continue elsewhere; "
+        "past that its stream ends with an error event (0 = never migrate)",
+    )
     executor_down_s: float = Field(
         default=5.0, ge=0, description="how long an UNAVAILABLE one is skipped"
     )

@@ -80,6 +80,7 @@ class RouterState:
             HashWatch(fallback, metrics),
             request_timeout_s=settings.request_timeout_s,
             max_retries=settings.max_retries,
+            max_migrations=settings.max_migrations,
             retry_after_s=settings.retry_after_s,
             log_prompts=settings.log_prompts,
         )
