@@ -29,6 +29,7 @@ from benchmarks.routing.plot import plot
 from benchmarks.routing.summary import PULLS, long_context_targets, variant
 from benchmarks.routing_sim import calibrate
 from benchmarks.routing_sim.model import Rates, SimRequest, simulate
+from quire.cluster.placement import WorkingSets
 from quire.cluster.policies import POLICY_NAMES, make_policy
 from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import RoutingConfig
@@ -68,6 +69,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--recent-s", type=float, default=0.0, help="the prefix policy's --routing-recent-s"
     )
+    p.add_argument(
+        "--placement-window-s",
+        type=float,
+        default=60.0,
+        help="the prefix policy's --routing-placement-window-s (0: new prefixes by hash alone)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="the workloads' seed")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "routing-sim.json")
     return p.parse_args(argv)
 
@@ -145,11 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         "pull_rate_from": pull_source,
         "cache_blocks": args.cache_blocks,
         "recent_s": args.recent_s,
+        "placement_window_s": args.placement_window_s,
+        "seed": args.seed,
         "sizes": {},
     }
     t0 = time.monotonic()
     for n in [int(x) for x in args.executors.split(",") if x]:
-        config = scaled(base, n)
+        config = replace(scaled(base, n), seed=args.seed)
         size: dict[str, Any] = {"config": config.__dict__, "workloads": {}}
         for name in [w for w in args.workloads.split(",") if w]:
             reqs = workloads.build(name, args.data, tokenizer, config)
@@ -166,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
                 for pulls in PULLS:
                     routing = RoutingConfig(block_size=BLOCK_SIZE, pulls=pulls == "on")
                     r = simulate(
-                        make_policy(policy, routing, RecentRoutes(args.recent_s)),
+                        make_policy(
+                            policy,
+                            routing,
+                            RecentRoutes(args.recent_s),
+                            WorkingSets(args.placement_window_s),
+                        ),
                         sim_reqs,
                         n,
                         rates,

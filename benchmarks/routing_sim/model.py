@@ -201,7 +201,11 @@ def simulate(
                 ex.executor_id,
                 1,
                 "sim",
-                ExecutorLoad(num_running=len(ex.running), num_waiting=len(ex.waiting)),
+                ExecutorLoad(
+                    num_running=len(ex.running),
+                    num_waiting=len(ex.waiting),
+                    kv_blocks_total=ex.cache_blocks,
+                ),
             )
             hit = ex.cached_blocks(hashes[i], max_hit) if policy.uses_prefix_cache else 0
             cands.append(Candidate(record, hit, ex.load))

@@ -117,6 +117,13 @@ class RouterSettings(BaseSettings):
         "the executor it sent them to, before that executor's prefix set shows them (0 = off; "
         "docs/benchmarks.md shows when it helps)",
     )
+    routing_placement_window_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="prefix policy: how long a prompt's blocks count in the working set of the "
+        "executor this router sent them to; an uncached prompt goes, among the least loaded, "
+        "to the executor whose working set fills the least of its KV cache (0 = off: by hash)",
+    )
     memory_manager: str = Field(
         default="127.0.0.1:50051",
         description="memory manager host:port that /dashboard reads block states from ('' = none)",

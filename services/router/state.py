@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quire.cluster.hash_params import HashParams
+from quire.cluster.placement import WorkingSets
 from quire.cluster.policies import make_policy
 from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import RoutingConfig
@@ -75,7 +76,10 @@ class RouterState:
             clients,
             metrics,
             make_policy(
-                settings.routing_policy, prefix_config, RecentRoutes(settings.routing_recent_s)
+                settings.routing_policy,
+                prefix_config,
+                RecentRoutes(settings.routing_recent_s),
+                WorkingSets(settings.routing_placement_window_s),
             ),
             HashWatch(fallback, metrics),
             request_timeout_s=settings.request_timeout_s,

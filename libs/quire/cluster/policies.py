@@ -17,7 +17,9 @@ dispatcher's, the same for every policy.
                   holding the longest cached prefix, weighed against load, capped when the
                   holder is saturated; prompts nobody caches go to the least loaded executor.
                   Prefixes this router routed in the last seconds count as held by their
-                  executor before its Redis set shows them (`quire.cluster.recent`).
+                  executor before its Redis set shows them (`quire.cluster.recent`), and new
+                  prefixes go where the recent working set leaves most room
+                  (`quire.cluster.placement`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import ClassVar, Protocol
 
 from uhashring import HashRing
 
+from quire.cluster.placement import WorkingSets
 from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import (
     Candidate,
@@ -180,10 +183,14 @@ class PrefixPolicy:
     uses_prefix_cache: ClassVar[bool] = True
 
     def __init__(
-        self, config: RoutingConfig | None = None, recent: RecentRoutes | None = None
+        self,
+        config: RoutingConfig | None = None,
+        recent: RecentRoutes | None = None,
+        placement: WorkingSets | None = None,
     ) -> None:
         self.config = config or RoutingConfig()
         self.recent = recent if recent is not None else RecentRoutes()
+        self.placement = placement if placement is not None else WorkingSets()
 
     def choose(
         self,
@@ -199,6 +206,16 @@ class PrefixPolicy:
                 else c
                 for c in candidates
             ]
+        if request.block_hashes and self.placement.window_s:
+            first = request.block_hashes[0]
+            candidates = [
+                replace(
+                    c,
+                    num_placed_blocks=self.placement.num_blocks(c.executor_id, request.now),
+                    is_home=self.placement.is_home(c.executor_id, first, request.now),
+                )
+                for c in candidates
+            ]
         decision = choose_executor(
             candidates,
             request.block_hashes,
@@ -209,15 +226,19 @@ class PrefixPolicy:
         )
         if decision is not None:
             self.recent.record(request.block_hashes, decision.executor_id, request.now)
+            self.placement.record(request.block_hashes, decision.executor_id, request.now)
         return decision
 
 
 def make_policy(
-    name: str, config: RoutingConfig | None = None, recent: RecentRoutes | None = None
+    name: str,
+    config: RoutingConfig | None = None,
+    recent: RecentRoutes | None = None,
+    placement: WorkingSets | None = None,
 ) -> RoutingPolicy:
-    """The policy called `name` (one of POLICY_NAMES); `config` and `recent` tune `prefix`."""
+    """The policy called `name` (one of POLICY_NAMES); the other arguments tune `prefix`."""
     if name == "prefix":
-        return PrefixPolicy(config, recent)
+        return PrefixPolicy(config, recent, placement)
     if name == "round-robin":
         return RoundRobinPolicy()
     if name == "least-loaded":

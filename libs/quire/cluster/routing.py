@@ -11,6 +11,12 @@ turns that into one choice and the reason for it:
                      hashing of the first block hash (or of the token ids of a prompt shorter
                      than a block): siblings of a new prefix arriving together land on the
                      same executor, which then caches it for the rest of the burst.
+``placement``        nobody holds the prompt's first block and, among the executors tied for the
+                     least load, the one whose recent working set (the blocks this router sent
+                     it lately, `quire.cluster.placement`) is the smallest share of its KV
+                     cache takes it, or the one a sibling of the prompt went to (its home),
+                     rather than the consistent-hash choice: new prefixes fill the cluster's
+                     caches evenly instead of piling on whichever executor the hash favours.
 ``load_balance``     the load-aware pick overrode affinity: a cache miss went to a less loaded
                      executor than its HRW choice (misses spread by load), or a lightly
                      loaded executor out-scored the prefix holders.
@@ -39,7 +45,14 @@ from dataclasses import dataclass
 from quire.cluster.redis_keys import ExecutorRecord
 from quire.config import engine_default
 
-REASONS = ("prefix_hit", "prefix_pull", "consistent_hash", "load_balance", "prefix_capped")
+REASONS = (
+    "prefix_hit",
+    "prefix_pull",
+    "consistent_hash",
+    "placement",
+    "load_balance",
+    "prefix_capped",
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,10 @@ class Candidate:
     record: ExecutorRecord
     num_cached_blocks: int = 0  # leading prompt blocks in its prefix cache
     num_pending: int = 0  # requests this router has in flight there (fresher than the record)
+    # Distinct blocks this router sent there lately (quire.cluster.placement), and whether one
+    # of them opens this prompt: a sibling of it went there.
+    num_placed_blocks: int = 0
+    is_home: bool = False
 
     @property
     def executor_id(self) -> str:
@@ -91,6 +108,12 @@ class Candidate:
         """Queued work: the record's running + waiting, or this router's own count if higher."""
         load = self.record.load
         return max(load.num_running + load.num_waiting, self.num_pending)
+
+    @property
+    def placed_share(self) -> float:
+        """Its recent working set as a share of its KV cache, 0.0 when the size is unknown."""
+        total = self.record.load.kv_blocks_total
+        return self.num_placed_blocks / total if total else 0.0
 
     @property
     def kv_usage(self) -> float:
@@ -177,12 +200,21 @@ def choose_executor(
         else:
             reason = "prefix_capped"
         return _decision(best, reason, cached_tokens(best) + pulled_tokens(best))
-    # Nobody caches this prompt: no bonus to weigh, so misses spread by load and hashing
-    # only decides between executors that are about equally loaded.
+    # Nobody caches this prompt: no bonus to weigh, so misses spread by load; among executors
+    # about equally loaded a sibling's executor keeps it, then the emptiest working set takes
+    # it, and hashing decides what is left.
     top = max(eligible, key=lambda c: rank[c.executor_id])
     tied = [c for c in eligible if c.load - least_load <= config.max_hash_load_gap]
-    best = max(tied, key=lambda c: (rank[c.executor_id], -c.kv_usage))
-    return _decision(best, "consistent_hash" if best is top else "load_balance", 0)
+    best = max(
+        tied, key=lambda c: (c.is_home, -c.placed_share, rank[c.executor_id], -c.kv_usage)
+    )
+    if best is top:
+        reason = "consistent_hash"
+    elif top in tied:
+        reason = "placement"
+    else:
+        reason = "load_balance"
+    return _decision(best, reason, 0)
 
 
 def _decision(c: Candidate, reason: str, num_cached_tokens: int) -> RoutingDecision:
