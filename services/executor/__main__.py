@@ -18,7 +18,8 @@ log = structlog.get_logger("quire.executor")
 
 
 async def serve(settings: ExecutorSettings) -> int:
-    """Run one executor until a signal; the first drains, a second aborts what is left.
+    """Run one executor until a signal; the first drains, a second hands what is left back
+    to the routers at once.
 
     Exit status 0 after a drain; 1 if the memory manager declared this incarnation stale.
     """
@@ -32,7 +33,7 @@ async def serve(settings: ExecutorSettings) -> int:
         log.info("signal received", signal=signal.Signals(signum).name, count=signals_seen)
         server.request_stop()
         if signals_seen > 1:
-            task = asyncio.get_running_loop().create_task(server.abort_all())
+            task = asyncio.get_running_loop().create_task(server.hand_off())
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 

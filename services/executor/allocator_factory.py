@@ -103,3 +103,8 @@ async def release(allocator: BlockAllocator) -> None:
         log.warning("memory manager deregistration failed", error=str(exc))
     finally:
         allocator.close()
+
+
+def is_recovering(allocator: BlockAllocator) -> bool:
+    """Whether a step is waiting for an unreachable memory manager (never, in-process)."""
+    return isinstance(allocator, RemoteBlockAllocator) and allocator.is_recovering

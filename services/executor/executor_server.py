@@ -1,8 +1,9 @@
 """One executor process: engine + step loop + gRPC server + health + liveness + metrics.
 
 Lifecycle: `start()` binds the port, loads the model, registers with the memory manager
-and starts serving; `drain()` refuses new work and waits for what runs; `close()` stops
-the server and the loop, deregisters and deletes the liveness record.
+and starts serving; `drain()` refuses new work, waits for what runs and hands the rest back
+to the routers; `close()` stops the server and the loop, deregisters and deletes the
+liveness record.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from services.rpc import executor_pb2, executor_pb2_grpc
 log = structlog.get_logger("quire.executor")
 
 SERVICE_NAME = executor_pb2.DESCRIPTOR.services_by_name["Executor"].full_name
-_ABORT_GRACE_S = 10.0  # after aborting leftovers, how long streams get to close
+_HAND_OFF_GRACE_S = 10.0  # after handing leftovers back, how long streams get to close
 
 
 def new_epoch() -> int:
@@ -174,6 +175,7 @@ class ExecutorServer:
             block_size=self.engine.config.block_size,
             hash_extra_key=self.engine.scheduler.config.extra_key,
             draining=self.servicer is not None and self.servicer.draining,
+            waiting_for_memory_manager=alloc.is_recovering(self.engine.allocator),
         )
 
     async def _set_health(self, status: Any) -> None:
@@ -181,7 +183,8 @@ class ExecutorServer:
         await self.health.set(SERVICE_NAME, status)
 
     async def drain(self, timeout_s: float | None = None) -> None:
-        """Take no new requests, announce it, and wait for running ones (abort on timeout)."""
+        """Take no new requests, announce it, wait for running ones; when the grace period
+        (`--drain-timeout-s`) runs out, hand what is left back to the routers."""
         if self.servicer is None or self.loop is None:
             return
         if not self.servicer.draining:
@@ -195,21 +198,26 @@ class ExecutorServer:
             await asyncio.wait_for(self.servicer.wait_streams_done(), timeout)
             return
         except TimeoutError:
-            log.warning("drain timed out; aborting what is left")
-        await self.abort_all()
+            log.warning(
+                "drain grace period over; handing the rest back",
+                num_streams=self.servicer.num_active_streams,
+            )
+        await self.hand_off()
 
-    async def abort_all(self) -> None:
-        """Abort every request; their streams end with finish_reason "abort"."""
+    async def hand_off(self) -> None:
+        """End every open stream with UNAVAILABLE, its request aborted here: the router
+        continues each one on another executor (services/router/executor_lost.py)."""
         if self.servicer is None or self.loop is None:
             return
+        self.servicer.handing_off = True
         try:
             await asyncio.wrap_future(self.loop.abort_all())
         except RuntimeError:  # already stopped
             return
         try:
-            await asyncio.wait_for(self.servicer.wait_streams_done(), _ABORT_GRACE_S)
+            await asyncio.wait_for(self.servicer.wait_streams_done(), _HAND_OFF_GRACE_S)
         except TimeoutError:
-            log.warning("streams still open after abort")
+            log.warning("streams still open after handing them back")
 
     async def close(self) -> None:
         """Stop serving, stop the loop, deregister, delete the liveness record."""

@@ -94,7 +94,8 @@ class ExecutorSettings(BaseSettings):
     metrics_port: int = Field(default=0, description="Prometheus /metrics port (0 disables)")
     drain_timeout_s: float = Field(
         default=300.0,
-        description="on SIGTERM, longest wait for running requests before aborting them",
+        description="on SIGTERM, how long running requests get to finish; then their streams "
+        "end with UNAVAILABLE and the routers continue them on other executors",
     )
     log_level: str = Field(default="info", description="debug, info, warning or error")
     log_prompts: bool = Field(

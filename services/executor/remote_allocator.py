@@ -165,6 +165,10 @@ class RemoteBlockAllocator:
         self.verify_every = verify_every
         self.num_steps = 0
         self.num_resyncs = 0  # table drift repaired by re-registering
+        # Set while a step waits for the manager to come back (re-registering and retrying);
+        # read by other threads: the executor's liveness record says so, and routers do not
+        # take that executor's silence for a hang.
+        self.is_recovering = False
         self._lock = threading.Lock()
         self._channel = tls.channel(target, tls_ca, _CHANNEL_OPTIONS)
         self._stub = pb_grpc.MemoryManagerStub(self._channel)
@@ -293,6 +297,18 @@ class RemoteBlockAllocator:
         request: StepAllocation,
         error: grpc.RpcError | None,
         metadata: Sequence[tuple[str, str]] | None = None,
+    ) -> pb.StepResponse:
+        self.is_recovering = True
+        try:
+            return self._retry_step(request, error, metadata)
+        finally:
+            self.is_recovering = False
+
+    def _retry_step(
+        self,
+        request: StepAllocation,
+        error: grpc.RpcError | None,
+        metadata: Sequence[tuple[str, str]] | None,
     ) -> pb.StepResponse:
         deadline = time.monotonic() + self.retry_total_s
         backoff = self.min_backoff_s

@@ -1,7 +1,9 @@
 """`python -m services.router`: flags (over QUIRE_* env) -> settings -> two uvicorn servers.
 
 One process, one event loop, one RouterState: the public app on --port and the admin app on
---admin-port (unless it is 0). SIGTERM or SIGINT stops both; a second SIGINT stops at once.
+--admin-port (unless it is 0). SIGTERM or SIGINT drains both: they stop accepting connections
+(readiness probes fail), open requests and streams finish within --shutdown-grace-s, then the
+process exits; a second SIGINT stops at once.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def _server(app: FastAPI, host: str, port: int, settings: RouterSettings) -> _Se
             log_level=settings.log_level.lower(),
             log_config=None,  # uvicorn's loggers go through our JSON handler
             access_log=False,
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=round(settings.shutdown_grace_s),
         )
     )
 

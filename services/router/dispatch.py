@@ -47,6 +47,9 @@ class ExecutorStream:
     continuation: executor_pb2.Continuation | None = None
     closed: bool = field(default=False)
     lost_reason: str | None = None  # set by `lose()`
+    # Since when a read waits for the executor's next response (monotonic; None: no read
+    # pending, the consumer has not asked yet): hung-executor detection reads it.
+    read_since: float | None = None
     _aborts: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def responses(self) -> AsyncIterator[executor_pb2.GenerateResponse]:
@@ -61,7 +64,9 @@ class ExecutorStream:
                 yield response
                 if response.finished or self.closed:
                     return
+                self.read_since = time.monotonic()
                 following = await self.call.read()
+                self.read_since = None
                 if following is grpc.aio.EOF:
                     raise ExecutorLost(self.executor_id, "the stream ended before finishing")
                 assert isinstance(following, executor_pb2.GenerateResponse)
@@ -123,6 +128,24 @@ class ExecutorStream:
         self.dispatcher.stream_closed(self)
 
 
+@dataclass(eq=False)
+class _FirstRead:
+    """A Generate call still waiting for its first response, which `lose_executor` may end."""
+
+    call: grpc.aio.UnaryStreamCall[executor_pb2.GenerateRequest, executor_pb2.GenerateResponse]
+    started_at: float = field(default_factory=time.monotonic)
+    lost_reason: str | None = None
+
+    def lose(self, reason: str) -> None:
+        self.lost_reason = reason
+        self.call.cancel()
+
+    def was_lost(self) -> bool:
+        """Whether a cancellation came from `lose()`, not from the caller going away."""
+        task = asyncio.current_task()
+        return self.lost_reason is not None and not (task is not None and task.cancelling())
+
+
 async def open_all(opens: Iterable[Awaitable[ExecutorStream]]) -> list[ExecutorStream]:
     """Await several `Dispatcher.open` calls together: all streams, or none.
 
@@ -175,6 +198,7 @@ class Dispatcher:
         # Executor losses one HTTP request survives (services/router/executor_lost.py).
         self.max_migrations = max_migrations
         self._open_streams: dict[str, set[ExecutorStream]] = {}
+        self._first_reads: dict[str, set[_FirstRead]] = {}
 
     def too_many(self, message: str) -> ApiError:
         self.metrics.admission_rejections.labels(code="429").inc()
@@ -277,26 +301,36 @@ class Dispatcher:
                 timeout=self.request_timeout_s,
                 metadata=metadata,
             )
+            pending = _FirstRead(call)
+            self._first_reads.setdefault(decision.executor_id, set()).add(pending)
             try:
                 first = await call.read()
-            except grpc.aio.AioRpcError as error:
+            except (grpc.aio.AioRpcError, asyncio.CancelledError) as error:
                 self.release(decision.executor_id)
-                if error.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise from_grpc(error, decision.executor_id) from error
-                self.directory.mark_down(decision.executor_id)
+                if isinstance(error, asyncio.CancelledError) and not pending.was_lost():
+                    call.cancel()
+                    raise
+                if isinstance(error, grpc.aio.AioRpcError):
+                    if error.code() != grpc.StatusCode.UNAVAILABLE:
+                        raise from_grpc(error, decision.executor_id) from error
+                    self.directory.mark_down(decision.executor_id)
                 tried.add(decision.executor_id)
                 self.metrics.executor_retries.inc()
                 log.warning(
                     "executor unavailable, rerouting",
                     executor_id=decision.executor_id,
                     attempt=attempt,
-                    error=error.details(),
+                    error=error.details()
+                    if isinstance(error, grpc.aio.AioRpcError)
+                    else pending.lost_reason,
                 )
                 continue
             except BaseException:
                 call.cancel()
                 self.release(decision.executor_id)
                 raise
+            finally:
+                self._forget_first_read(decision.executor_id, pending)
             if first is grpc.aio.EOF:
                 self.release(decision.executor_id)
                 raise ApiError(502, f"executor {decision.executor_id} returned no output")
@@ -315,6 +349,8 @@ class Dispatcher:
         """Declare an executor lost: mark it down and `lose()` every open stream on it (their
         generations migrate them). Returns how many streams were open there."""
         self.directory.mark_down(executor_id)
+        for pending in list(self._first_reads.get(executor_id, ())):
+            pending.lose(reason)  # `open` routes the request again
         streams = list(self._open_streams.get(executor_id, ()))
         for stream in streams:
             stream.lose(reason)
@@ -327,6 +363,26 @@ class Dispatcher:
     def executors_with_streams(self) -> set[str]:
         """Executors this router has open streams on."""
         return {e for e, streams in self._open_streams.items() if streams}
+
+    def waiting_reads(self) -> dict[str, float]:
+        """Executors this router waits on, each with since when its oldest pending read (a
+        first response included) has waited. A stream whose consumer has not asked for more
+        waits on nobody."""
+        since: dict[str, list[float]] = {}
+        for executor_id, streams in self._open_streams.items():
+            for stream in streams:
+                if stream.read_since is not None:
+                    since.setdefault(executor_id, []).append(stream.read_since)
+        for executor_id, pending_reads in self._first_reads.items():
+            since.setdefault(executor_id, []).extend(p.started_at for p in pending_reads)
+        return {executor_id: min(times) for executor_id, times in since.items()}
+
+    def _forget_first_read(self, executor_id: str, pending: _FirstRead) -> None:
+        pending_reads = self._first_reads.get(executor_id)
+        if pending_reads is not None:
+            pending_reads.discard(pending)
+            if not pending_reads:
+                del self._first_reads[executor_id]
 
     def stream_closed(self, stream: ExecutorStream) -> None:
         """A stream's call is over: forget it and free its admission slot."""

@@ -48,7 +48,9 @@ def create_public_app(state: RouterState, api_keys: ApiKeys) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.stall_watch.start()
         yield
+        await state.stall_watch.stop()
         await state.close()
 
     # Operational pages (docs, schema, metrics, dashboard) live on the admin app only.

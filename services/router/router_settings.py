@@ -74,6 +74,13 @@ class RouterSettings(BaseSettings):
         description="executors a request may lose mid-stream and continue elsewhere; "
         "past that its stream ends with an error event (0 = never migrate)",
     )
+    executor_stall_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="an executor a read has waited on this long, whose liveness record shows no "
+        "engine step (or is gone) for as long, is hung: marked down and its streams migrated; "
+        "keep it above the longest engine step and the executors' --pull-timeout-s",
+    )
     executor_down_s: float = Field(
         default=5.0, ge=0, description="how long an UNAVAILABLE one is skipped"
     )
@@ -132,6 +139,12 @@ class RouterSettings(BaseSettings):
         default=4 * 1024 * 1024,
         ge=1,
         description="largest request body accepted, checked before parsing (then 413)",
+    )
+    shutdown_grace_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="on SIGTERM: stop accepting connections, let open requests and streams "
+        "finish for at most this long, then end them and exit",
     )
     log_level: str = Field(default="info", description="debug, info, warning or error")
     log_prompts: bool = Field(

@@ -22,6 +22,7 @@ from services.router.hash_watch import HashWatch
 from services.router.prompts import PromptProcessor, load_tokenizer
 from services.router.router_metrics import RouterMetrics
 from services.router.router_settings import RouterSettings
+from services.router.stall_watch import StallDetector, StallWatch
 from services.router.token_text import TokenText
 from services.router.tool_templates import resolve_tool_template
 
@@ -39,6 +40,7 @@ class RouterState:
     rate_limiter: RateLimiter
     clients: ExecutorClients
     dispatcher: Dispatcher
+    stall_watch: StallWatch  # started and stopped by the public app's lifespan
     metrics: RouterMetrics
     max_model_len: int
 
@@ -105,6 +107,7 @@ class RouterState:
             rate_limiter=RateLimiter.from_settings(settings),
             clients=clients,
             dispatcher=dispatcher,
+            stall_watch=StallWatch(StallDetector(settings.executor_stall_s), dispatcher, directory),
             metrics=metrics,
             max_model_len=max_model_len,
         )

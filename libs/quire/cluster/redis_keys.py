@@ -60,6 +60,9 @@ class ExecutorLoad:
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0  # refcount > 0
     kv_blocks_cached: int = 0  # refcount 0 but still findable by hash
+    # Engine steps this incarnation has finished: a router takes an executor whose streams
+    # are silent and whose count stands still for its stall bound as hung.
+    num_steps: int = 0
 
     @property
     def kv_cache_usage(self) -> float:
@@ -87,6 +90,9 @@ class ExecutorRecord:
     block_size: int | None = None  # tokens per KV block
     hash_extra_key: str | None = None  # extra key mixed into every block hash (model id)
     draining: bool = False  # finishing its work, taking no new requests
+    # Its step waits for an unreachable memory manager (retrying): stalled on a dependency
+    # that another executor of that manager would wait for too, so not hung.
+    waiting_for_memory_manager: bool = False
     updated_at: float = 0.0  # unix time of this heartbeat
 
     def encode(self) -> bytes:

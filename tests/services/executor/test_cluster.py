@@ -1,8 +1,10 @@
 """Executor processes against a real memory manager and a real redis-server.
 
 Liveness: the record appears with the right fields and vanishes within LIVENESS_TTL_S of a
-SIGKILL. Drain: SIGTERM during a stream lets it finish, then the process exits 0 and cleans
-up after itself (Redis record, memory-manager registration).
+SIGKILL; its step counter advances while it works. Drain: SIGTERM during a stream lets it
+finish, then the process exits 0 and cleans up after itself (Redis record, memory-manager
+registration); a stream still running when the grace period ends is handed back with
+UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from quire.cluster.redis_keys import LIVENESS_TTL_S, ExecutorRecord, executor_key, executors_key
+from services.executor.executor_servicer import HANDED_OFF
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc, memory_manager_pb2, memory_manager_pb2_grpc
 from services.stack.ports import free_port
@@ -45,6 +48,7 @@ class Executor:
         redis_url: str,
         log_path: Path,
         name: str,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         port = free_port()
         self.executor_id = name
@@ -57,6 +61,7 @@ class Executor:
             f"--redis-url={redis_url}",
             f"--redis-prefix={PREFIX}",
             f"--num-kv-blocks={NUM_KV_BLOCKS}",
+            *extra_args,
         ]
         self.service = ServiceProcess("services.executor", args, port, log_path)
         self.service.start(timeout_s=60)
@@ -80,12 +85,14 @@ class Executor:
 @pytest.fixture
 def executor_factory(
     tiny_model: Path, memory_manager: ServiceProcess, shared_redis: RedisServer, tmp_path: Path
-) -> Iterator[Callable[[str], Executor]]:
+) -> Iterator[Callable[..., Executor]]:
     started: list[Executor] = []
 
-    def start(name: str) -> Executor:
+    def start(name: str, *extra_args: str) -> Executor:
         log_path = tmp_path / f"{name}.log"
-        executor = Executor(tiny_model, memory_manager.target, shared_redis.url, log_path, name)
+        executor = Executor(
+            tiny_model, memory_manager.target, shared_redis.url, log_path, name, extra_args
+        )
         started.append(executor)
         return executor
 
@@ -105,7 +112,7 @@ def manager_stats(memory_manager: str, executor_id: str) -> memory_manager_pb2.P
 
 
 def test_liveness_record_then_expiry_after_sigkill(
-    executor_factory: Callable[[str], Executor],
+    executor_factory: Callable[..., Executor],
     redis_client: redis.Redis,
     memory_manager: ServiceProcess,
 ) -> None:
@@ -174,7 +181,7 @@ async def _stream_through_sigterm(
 
 
 def test_sigterm_lets_the_running_stream_finish_then_exits_0(
-    executor_factory: Callable[[str], Executor],
+    executor_factory: Callable[..., Executor],
     redis_client: redis.Redis,
     memory_manager: ServiceProcess,
 ) -> None:
@@ -201,7 +208,7 @@ def test_sigterm_lets_the_running_stream_finish_then_exits_0(
 
 
 def test_stale_epoch_fails_requests_and_exits_1(
-    executor_factory: Callable[[str], Executor],
+    executor_factory: Callable[..., Executor],
     redis_client: redis.Redis,
     memory_manager: ServiceProcess,
 ) -> None:
@@ -227,3 +234,60 @@ def test_stale_epoch_fails_requests_and_exits_1(
     assert info.value.code() == grpc.StatusCode.INTERNAL
     assert executor.proc.wait(30) == 1, executor.log()
     assert "stale epoch" in executor.log()
+
+
+def test_drain_hands_back_what_outlives_its_grace_period_then_exits_0(
+    executor_factory: Callable[..., Executor],
+    redis_client: redis.Redis,
+    memory_manager: ServiceProcess,
+) -> None:
+    executor = executor_factory("exec-handoff", "--drain-timeout-s=0.5")
+    executor.wait_record(redis_client)
+
+    async def stream_through_sigterm() -> tuple[int, grpc.StatusCode, str]:
+        async with grpc.aio.insecure_channel(executor.address) as channel:
+            call = executor_pb2_grpc.ExecutorStub(channel).Generate(
+                pb.GenerateRequest(
+                    request_id="long",
+                    prompt_token_ids=[1, 412, 87, 1024, 9],
+                    params=pb.SamplingParams(temperature=0.0, max_tokens=2000, ignore_eos=True),
+                )
+            )
+            await call.read()
+            executor.proc.send_signal(signal.SIGTERM)
+            num_messages = 1
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                while await call.read() is not grpc.aio.EOF:
+                    num_messages += 1
+            return num_messages, info.value.code(), info.value.details() or ""
+
+    num_messages, code, details = asyncio.run(stream_through_sigterm())
+    # It kept generating through the grace period, then ended the stream for a migration.
+    assert num_messages > 1
+    assert (code, details) == (grpc.StatusCode.UNAVAILABLE, HANDED_OFF)
+    assert executor.proc.wait(30) == 0, executor.log()
+    assert executor.record(redis_client) is None
+    assert manager_stats(memory_manager.target, "exec-handoff") is None, "still registered"
+    assert "handed back" in executor.log()
+
+
+def test_the_step_counter_advances_while_the_executor_works(
+    executor_factory: Callable[..., Executor], redis_client: redis.Redis
+) -> None:
+    executor = executor_factory("exec-steps")
+    before = executor.wait_record(redis_client).load.num_steps
+    with grpc.insecure_channel(executor.address) as channel:
+        request = pb.GenerateRequest(
+            request_id="r",
+            prompt_token_ids=[1, 2, 3],
+            params=pb.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+        )
+        list(executor_pb2_grpc.ExecutorStub(channel).Generate(request))
+    # Prefill, then one decode step per further token: at least 8 steps, as Redis tells it.
+    wait_for(
+        lambda: getattr(executor.record(redis_client), "load", before).num_steps >= before + 8,
+        3,
+        "the step counter",
+    )
+    record = executor.record(redis_client)
+    assert record is not None and not record.waiting_for_memory_manager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -54,4 +55,28 @@ def test_unreachable_manager_raises_after_retry_budget() -> None:
     with pytest.raises(AllocatorUnavailableError):
         allocator.stats()
     assert time.monotonic() - start < 5
+    allocator.close()
+
+
+def test_a_step_waiting_for_the_manager_says_so_until_it_gives_up() -> None:
+    allocator = RemoteBlockAllocator(
+        f"127.0.0.1:{free_port()}", "e1", 1, 8, 4, True, "", BlockTables(4), retry_total_s=1.0
+    )
+    seen: list[bool] = []
+
+    def step() -> None:
+        with pytest.raises(AllocatorUnavailableError):
+            allocator.step(StepAllocation())
+
+    thread = threading.Thread(target=step)
+    assert not allocator.is_recovering
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        if allocator.is_recovering:
+            seen.append(True)
+        time.sleep(0.01)
+    thread.join(10)
+    assert seen == [True], "the retrying step never said it waits for the manager"
+    assert not allocator.is_recovering
     allocator.close()
