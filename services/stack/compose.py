@@ -40,7 +40,9 @@ REDIS_IMAGE = "redis:7.4-alpine"
 IMAGE_VARIANT = "cpu"  # Dockerfile VARIANT; deploy/compose.gpu.yaml switches executors to cuda
 MODELS_VOLUME = "models"  # named volume, filled from the image's /models on first start
 PUBLISH_HOST_IP = "127.0.0.1"  # host address the router's ports are published on
+# How long `docker stop` waits after SIGTERM before it kills: above each service's own grace.
 EXECUTOR_STOP_GRACE = "330s"  # executors drain for up to --drain-timeout-s (300 s) on SIGTERM
+ROUTER_STOP_GRACE = "40s"  # routers finish open streams for up to --shutdown-grace-s (30 s)
 FRAGMENT_KEYS = ("services", "volumes", "networks", "configs", "secrets")
 
 HEADER = (
@@ -121,6 +123,8 @@ def compose_service(spec: ProcessSpec, c: StackConfig) -> dict[str, Any]:
         }
     if spec.name.startswith("executor-"):
         service["stop_grace_period"] = EXECUTOR_STOP_GRACE
+    if spec.name == "router":
+        service["stop_grace_period"] = ROUTER_STOP_GRACE
     service["restart"] = "unless-stopped"
     return service
 

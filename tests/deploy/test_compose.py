@@ -379,3 +379,20 @@ def test_debian_override_replaces_only_the_images_that_cannot_be_pulled(
         # The compose health check's binary is in the Debian image too.
         binary = doc["services"][name]["healthcheck"]["test"][1]
         assert binary in dockerfile, (name, binary)
+
+
+def test_docker_stop_waits_longer_than_each_service_drains(doc: dict[str, Any]) -> None:
+    from services.executor.executor_settings import ExecutorSettings
+    from services.router.router_settings import RouterSettings
+
+    def seconds(value: str) -> float:
+        assert value.endswith("s"), value
+        return float(value[:-1])
+
+    services = doc["services"]
+    drain_s = ExecutorSettings.model_fields["drain_timeout_s"].default
+    router_grace_s = RouterSettings.model_fields["shutdown_grace_s"].default
+    for name, service in services.items():
+        if name.startswith("executor-"):
+            assert seconds(service["stop_grace_period"]) > drain_s, name
+    assert seconds(services["router"]["stop_grace_period"]) > router_grace_s

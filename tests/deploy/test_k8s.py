@@ -252,6 +252,19 @@ def test_executors_have_stable_ids_and_a_memory_manager_sidecar(cpu: list[Doc]) 
     assert pod["terminationGracePeriodSeconds"] > drain_s + mm.shutdown_grace_s
 
 
+def test_the_router_drains_within_its_termination_grace(cpu: list[Doc]) -> None:
+    pod = find(cpu, "Deployment", "quire-router")["spec"]["template"]["spec"]
+    (router,) = pod["containers"]
+    configmaps = {d["metadata"]["name"]: d["data"] for d in cpu if d["kind"] == "ConfigMap"}
+    env = container_env(router, configmaps)
+    settings = service_flags.parse("services.router", router["args"], env)
+    command = router["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[0] == "sleep"
+    pre_stop_s = float(command[1])
+    # The preStop sleep counts against the grace too, before SIGTERM starts the drain.
+    assert pod["terminationGracePeriodSeconds"] > pre_stop_s + settings.shutdown_grace_s
+
+
 def test_cuda_overlay_differs_only_by_the_executor_gpu(rendered: dict[str, list[Doc]]) -> None:
     cpu, cuda = rendered["overlays/cpu"], rendered["overlays/cuda"]
     assert [kustomize.object_key(d) for d in cpu] == [kustomize.object_key(d) for d in cuda]
