@@ -21,6 +21,7 @@ from typing import TypeAlias, TypeVar
 import structlog
 
 from quire.cluster.redis_keys import ExecutorLoad
+from quire.engine.inputs import Continuation
 from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats
 from quire.outputs import RequestDelta
@@ -90,7 +91,6 @@ class EngineLoop:
         self._sinks: dict[str, Sink] = {}
         self._timings: dict[str, _Timing] = {}
         self._load_at = 0.0
-        self._num_steps = 0  # steps finished (failed ones included): the load's step counter
 
     # --- any thread ------------------------------------------------------------------------
 
@@ -124,12 +124,16 @@ class EngineLoop:
         params: SamplingParams,
         sink: Sink,
         trace_id: str | None = None,
+        continuation: Continuation | None = None,
     ) -> Future[None]:
-        """Queue a request. The Future raises ValueError (invalid, nothing queued) or
+        """Queue a request (or, with `continuation`, one output resumed from its first
+        tokens). The Future raises ValueError (invalid, nothing queued) or
         DuplicateRequestError. `trace_id` is the caller's request id (x-request-id)."""
         arrived_at = time.monotonic()
         return self.submit(
-            lambda: self._add(request_id, prompt_token_ids, params, sink, arrived_at, trace_id)
+            lambda: self._add(
+                request_id, prompt_token_ids, params, sink, arrived_at, trace_id, continuation
+            )
         )
 
     def abort(self, request_id: str, indices: tuple[int, ...] = ()) -> Future[bool]:
@@ -191,10 +195,12 @@ class EngineLoop:
         sink: Sink,
         arrived_at: float,
         trace_id: str | None = None,
+        continuation: Continuation | None = None,
     ) -> None:
         if request_id in self._sinks:
             raise DuplicateRequestError(f"request_id {request_id!r} is already running")
-        self.engine.add_request(request_id, {"prompt_token_ids": prompt_token_ids}, params)
+        prompt = {"prompt_token_ids": prompt_token_ids}
+        self.engine.add_request(request_id, prompt, params, continuation)
         self._sinks[request_id] = sink
         self._timings[request_id] = _Timing(arrived_at)
         self.request_ids.bind(request_id, trace_id or request_id)
@@ -223,7 +229,6 @@ class EngineLoop:
                 self.on_step_error(exc)
             return
         finally:
-            self._num_steps += 1
             self.request_ids.step_done()
         now = time.monotonic()
         self._observe_step(result.stats, now)
@@ -288,7 +293,6 @@ class EngineLoop:
             kv_blocks_total=pool.num_blocks_total,
             kv_blocks_used=pool.num_blocks_used,
             kv_blocks_cached=pool.num_blocks_cached,
-            num_steps=self._num_steps,
         )
         if self.metrics is not None:
             self.metrics.observe_load(self.load)

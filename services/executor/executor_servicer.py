@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from quire.outputs import RequestDelta
 from quire.sampling_params import SamplingParams
 from services.common.wire.executor import (
     aborted_response,
+    continuation_from_proto,
     delta_to_proto,
     load_to_proto,
     params_from_proto,
@@ -35,8 +36,6 @@ from services.rpc import executor_pb2_grpc
 log = structlog.get_logger("quire.executor.servicer")
 
 MAX_REQUEST_ID_CHARS = 256
-# The status details of a stream this executor ended at the end of its drain.
-HANDED_OFF = "draining: grace period over, continue elsewhere"
 
 
 @dataclass(frozen=True)
@@ -50,9 +49,7 @@ class ExecutorIdentity:
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
-    """Generate / Abort / GetStatus. Refuses new work once `draining` is set; once
-    `handing_off` is set too, a request aborted here ends its stream with UNAVAILABLE (the
-    router continues it elsewhere) instead of an "abort" finish."""
+    """Generate / Abort / GetStatus. Refuses new work once `draining` is set."""
 
     def __init__(
         self, loop: EngineLoop, identity: ExecutorIdentity, log_prompts: bool = False
@@ -61,7 +58,6 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self.identity = identity
         self.log_prompts = log_prompts  # log prompt and output token ids (and output text)
         self.draining = False
-        self.handing_off = False
         self.num_active_streams = 0
         self._streams_done = asyncio.Event()
         self._streams_done.set()
@@ -82,6 +78,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         request_id = request.request_id or f"exec-{uuid.uuid4().hex}"
         prompt_token_ids = list(request.prompt_token_ids)
+        continuation = continuation_from_proto(request)
         # The caller's request id (the router's x-request-id) names the request in the logs
         # here and at the memory manager; the engine keeps the unique Generate request_id.
         metadata = dict(context.invocation_metadata() or ())
@@ -102,7 +99,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self._open_stream()
         submitted = finished = False
         try:
-            future = self.loop.add(request_id, prompt_token_ids, params, sink, trace_id)
+            future = self.loop.add(
+                request_id, prompt_token_ids, params, sink, trace_id, continuation
+            )
             submitted = True
             try:
                 await asyncio.wrap_future(future)
@@ -112,12 +111,20 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             except ValueError as exc:
                 submitted = False
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            continued = {}
+            if continuation is not None:
+                continued = {
+                    "continues_output": continuation.output_index,
+                    "num_continued_tokens": len(continuation.token_ids),
+                }
             rlog.info(
                 "request added",
                 num_prompt_tokens=len(prompt_token_ids),
+                **continued,
                 **({"prompt_token_ids": prompt_token_ids} if self.log_prompts else {}),
             )
-            progress = _StreamProgress(params, prompt_token_ids, self.log_prompts)
+            indices = range(params.n) if continuation is None else [continuation.output_index]
+            progress = _StreamProgress(params, indices, prompt_token_ids, self.log_prompts)
             while not finished:
                 event = await events.get()
                 if isinstance(event, EngineFailure):
@@ -125,9 +132,6 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     await context.abort(grpc.StatusCode.INTERNAL, event.message)
                 if isinstance(event, Aborted):
                     finished = True
-                    if self.handing_off:
-                        rlog.info("request handed back to the router")
-                        await context.abort(grpc.StatusCode.UNAVAILABLE, HANDED_OFF)
                     rlog.info("request aborted")
                     yield progress.aborted(len(prompt_token_ids))
                     return
@@ -160,7 +164,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         rlog.info(
             "request finished",
             num_output_tokens=progress.num_output_tokens,
-            finish_reasons=progress.finish_reasons,
+            finish_reasons=list(progress.finish_reasons.values()),
             num_cached_tokens=progress.num_cached_tokens,
             **({"output_token_ids": progress.token_ids} if self.log_prompts else {}),
         )
@@ -229,16 +233,22 @@ class _StreamProgress:
     """What one Generate stream has sent: per output its finish, and (for logs) its tokens."""
 
     def __init__(
-        self, params: SamplingParams, prompt_token_ids: list[int], keep_token_ids: bool
+        self,
+        params: SamplingParams,
+        indices: Iterable[int],
+        prompt_token_ids: list[int],
+        keep_token_ids: bool,
     ) -> None:
-        n = params.n
+        """`indices`: the outputs the stream runs (all n, or the one a continuation runs)."""
         self.num_top_logprobs = params.logprobs or 0
         self.num_prompt_top_logprobs = params.prompt_logprobs or 0
         self.prompt_token_ids = prompt_token_ids
         self.num_output_tokens = 0
         # Kept only when prompts and outputs are logged; otherwise the count is enough.
-        self.token_ids: list[list[int]] | None = [[] for _ in range(n)] if keep_token_ids else None
-        self.finish_reasons: list[str | None] = [None] * n
+        self.token_ids: dict[int, list[int]] | None = (
+            {i: [] for i in indices} if keep_token_ids else None
+        )
+        self.finish_reasons: dict[int, str | None] = dict.fromkeys(indices)
         self.num_cached_tokens = 0
 
     def response(self, delta: RequestDelta) -> pb.GenerateResponse:
@@ -254,5 +264,5 @@ class _StreamProgress:
         )
 
     def aborted(self, num_prompt_tokens: int) -> pb.GenerateResponse:
-        unfinished = [i for i, reason in enumerate(self.finish_reasons) if reason is None]
+        unfinished = [i for i, reason in self.finish_reasons.items() if reason is None]
         return aborted_response(unfinished, num_prompt_tokens, self.num_cached_tokens)

@@ -3,7 +3,8 @@
 Choice `i * n + j` is output `j` of prompt `i` (OpenAI's numbering for a list of prompts).
 `Generation.choice_updates()` is the one streaming loop chat and completions share: it says,
 per executor response, what each choice has new to send. The routes only put that into their
-own chunk shapes; this module knows nothing of either.
+own chunk shapes; this module knows nothing of either. A stream whose executor is lost
+mid-way goes on through continuations on other executors (services/router/migration.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from quire.engine.output_processor import SequenceText
 from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
 from services.common.wire.executor import delta_from_proto, params_to_proto
-from services.router.dispatch import Dispatcher, ExecutorStream
+from services.router.dispatch import Dispatcher, ExecutorStream, open_all
+from services.router.executor_lost import ExecutorLost
+from services.router.migration import Leg, Migrations
 from services.rpc import executor_pb2
 
 log = structlog.get_logger("router.generation")
@@ -28,7 +31,7 @@ log = structlog.get_logger("router.generation")
 
 @dataclass
 class PromptRun:
-    """One prompt's executor stream and its n output sequences."""
+    """One prompt's first executor stream and its n output sequences."""
 
     stream: ExecutorStream
     outputs: list[SequenceText]
@@ -94,11 +97,22 @@ class Usage:
 class Generation:
     """Merged progress of a request's prompts; iterate `updates()` once, then read state."""
 
-    def __init__(self, runs: list[PromptRun], n: int, log_outputs: bool = False) -> None:
+    def __init__(
+        self,
+        runs: list[PromptRun],
+        n: int,
+        migrations: Migrations | None = None,
+        log_outputs: bool = False,
+    ) -> None:
+        """`migrations` continues the outputs of a lost executor (None: never migrate)."""
         self.runs = runs
         self.n = n
+        self.migrations = migrations
         self.log_outputs = log_outputs  # log every choice's text once the request ends
         self.choices: list[SequenceText] = [o for run in runs for o in run.outputs]
+        # The streams still open: each prompt's first, then the continuations that replace
+        # a lost one.
+        self.legs = [Leg(i, run.stream, tuple(range(n))) for i, run in enumerate(runs)]
         self._finish_sent: set[int] = set()
         self._first_sent: set[int] = set()
 
@@ -114,75 +128,107 @@ class Generation:
             cached_tokens=sum(run.num_cached_tokens for run in self.runs),
         )
 
-    def _apply(self, run_index: int, response: executor_pb2.GenerateResponse) -> list[int]:
-        run = self.runs[run_index]
-        if response.num_prompt_tokens:
-            run.num_prompt_tokens = response.num_prompt_tokens
-        run.num_cached_tokens = max(run.num_cached_tokens, response.num_cached_tokens)
-        request_delta = delta_from_proto(run.stream.request_id, response)
+    def _apply(self, leg: Leg, response: executor_pb2.GenerateResponse) -> list[int]:
+        run = self.runs[leg.run_index]
+        if not leg.is_continuation:
+            # A continuation's prompt was counted by the first stream; its cache hits cover
+            # the output's tokens too. The usage is the uninterrupted request's.
+            if response.num_prompt_tokens:
+                run.num_prompt_tokens = response.num_prompt_tokens
+            run.num_cached_tokens = max(run.num_cached_tokens, response.num_cached_tokens)
+        request_delta = delta_from_proto(leg.stream.request_id, response)
         if request_delta.prompt_logprobs is not None and run.prompt_logprobs is None:
             run.prompt_logprobs = request_delta.prompt_logprobs
+        base = leg.run_index * self.n
         touched = []
         stopped = []
         for delta in request_delta.outputs:
-            if delta.index >= self.n:
+            if delta.index not in leg.indices:
                 continue
             if run.outputs[delta.index].add(delta):
                 stopped.append(delta.index)
-            touched.append(run_index * self.n + delta.index)
+            touched.append(base + delta.index)
         if stopped and not response.finished:
             # A stop string matched here: the executor only stops on tokens and lengths.
-            if all(o.is_finished for o in run.outputs):
-                run.stream.close()
+            if all(run.outputs[j].is_finished for j in leg.indices):
+                leg.stream.close()
             else:
-                run.stream.end_outputs(stopped)
+                leg.stream.end_outputs(stopped)
         if response.finished:
-            for j, output in enumerate(run.outputs):
-                if not output.is_finished:
-                    output.finish_reason = "stop"
-                    touched.append(run_index * self.n + j)
+            for j in leg.indices:
+                if not run.outputs[j].is_finished:
+                    run.outputs[j].finish_reason = "stop"
+                    touched.append(base + j)
         return sorted(set(touched))
 
     async def updates(self) -> AsyncIterator[list[int]]:
         """Indices of the choices that advanced, one list per executor response."""
-        if len(self.runs) == 1:
-            try:
-                async for response in self.runs[0].stream.responses():
-                    yield self._apply(0, response)
-                self._log_outputs()
-            finally:
-                self.close()
-            return
-        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        try:
+            while self.legs:
+                if len(self.legs) > 1:
+                    async for touched in self._merged_updates():
+                        yield touched
+                    break
+                leg = self.legs[0]  # one stream: read it here, no task or queue
+                try:
+                    async for response in leg.stream.responses():
+                        yield self._apply(leg, response)
+                    self.legs.remove(leg)
+                except ExecutorLost as lost:
+                    await self._migrate(leg, lost)
+            self._log_outputs()
+        finally:
+            self.close()
+
+    async def _merged_updates(self) -> AsyncIterator[list[int]]:
+        """`updates()` over several streams at once, each pumped by its own task."""
+        queue: asyncio.Queue[tuple[Leg, Any]] = asyncio.Queue()
         done = object()
 
-        async def pump(index: int, run: PromptRun) -> None:
+        async def pump(leg: Leg) -> None:
             try:
-                async for response in run.stream.responses():
-                    await queue.put((index, response))
-                await queue.put((index, done))
+                async for response in leg.stream.responses():
+                    await queue.put((leg, response))
+                await queue.put((leg, done))
             except Exception as error:
-                await queue.put((index, error))
+                await queue.put((leg, error))
 
-        tasks = [asyncio.create_task(pump(i, run)) for i, run in enumerate(self.runs)]
+        tasks = {leg: asyncio.create_task(pump(leg)) for leg in self.legs}
         try:
-            remaining = len(tasks)
-            while remaining:
-                index, item = await queue.get()
+            while self.legs:
+                leg, item = await queue.get()
                 if item is done:
-                    remaining -= 1
+                    self.legs.remove(leg)
+                elif isinstance(item, ExecutorLost):
+                    for new in await self._migrate(leg, item):
+                        tasks[new] = asyncio.create_task(pump(new))
                 elif isinstance(item, Exception):
                     raise item
                 else:
-                    yield self._apply(index, item)
-            self._log_outputs()
+                    yield self._apply(leg, item)
         finally:
-            for task in tasks:
+            for task in tasks.values():
                 task.cancel()
-            for task in tasks:
+            for task in tasks.values():
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            self.close()
+
+    async def _migrate(self, leg: Leg, lost: ExecutorLost) -> list[Leg]:
+        """Replace a lost leg by continuations of its unfinished outputs (the new legs), or
+        raise the client's error when it cannot be migrated."""
+        self.legs.remove(leg)
+        run = self.runs[leg.run_index]
+        unfinished = {j: run.outputs[j] for j in leg.indices if not run.outputs[j].is_finished}
+        if not unfinished:
+            return []  # it was lost after its last token, before saying it was finished
+        if self.migrations is None:
+            raise lost.api_error() from lost
+        streams = await self.migrations.continue_outputs(
+            lost, run.stream.request_id, run.prompt_token_ids, unfinished
+        )
+        new = [Leg(leg.run_index, s, (j,)) for s, j in zip(streams, unfinished, strict=True)]
+        self.legs.extend(new)
+        return new
 
     async def choice_updates(self) -> AsyncIterator[list[ChoiceUpdate]]:
         """Per executor response, the choices with something to send: text past the
@@ -266,6 +312,8 @@ class Generation:
         """Cancel whatever still runs (a disconnected client's executor requests)."""
         for run in self.runs:
             run.stream.close()
+        for leg in self.legs:
+            leg.stream.close()
 
 
 async def start_generation(
@@ -283,21 +331,12 @@ async def start_generation(
     if dispatcher.log_prompts:
         log.info("prompts", prompts=[tokenizer.decode(ids) for ids in prompts])
 
-    async def open_one(i: int, ids: list[int]) -> ExecutorStream:
-        sub_id = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-        return await dispatcher.open(sub_id, ids, wire, arrival)
+    def sub_id(i: int) -> str:
+        return request_id if len(prompts) == 1 else f"{request_id}-{i}"
 
-    tasks = [asyncio.ensure_future(open_one(i, ids)) for i, ids in enumerate(prompts)]
-    try:
-        streams = await asyncio.gather(*tasks)
-    except BaseException:
-        # All or none: close whatever opened (or opens later) when one fails or we are
-        # cancelled (the client left).
-        for task in tasks:
-            if not task.done():
-                task.cancel()
-            task.add_done_callback(_close_if_opened)
-        raise
+    streams = await open_all(
+        dispatcher.open(sub_id(i), ids, wire, arrival) for i, ids in enumerate(prompts)
+    )
     runs = [
         PromptRun(
             stream=s,
@@ -307,9 +346,5 @@ async def start_generation(
         )
         for s, ids in zip(streams, prompts, strict=True)
     ]
-    return Generation(runs, params.n, log_outputs=dispatcher.log_prompts)
-
-
-def _close_if_opened(task: asyncio.Future[ExecutorStream]) -> None:
-    if not task.cancelled() and task.exception() is None:
-        task.result().close()
+    migrations = Migrations(dispatcher, wire, arrival)
+    return Generation(runs, params.n, migrations, log_outputs=dispatcher.log_prompts)

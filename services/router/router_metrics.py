@@ -73,6 +73,15 @@ class RouterMetrics:
             "Requests retried on another executor after UNAVAILABLE",
             registry=r,
         )
+        self.migrations = Counter(
+            "quire_router_migrations",
+            "Streams whose executor was lost mid-stream, by outcome: continued (their "
+            "unfinished outputs went on elsewhere), exhausted (the request had no migration "
+            "left) or failed (no executor took the continuation); the last two end the "
+            "client's stream with an error event",
+            ["outcome"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "quire_router_time_to_first_token_seconds",
             "From request arrival to the first generated token",

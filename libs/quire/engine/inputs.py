@@ -1,7 +1,9 @@
-"""How a request comes in: its prompt as token ids, and the seed of each output it samples."""
+"""How a request comes in: its prompt as token ids, the seed of each output it samples, and
+what a continuation resumes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from quire.block.allocator import BlockAllocator
@@ -53,3 +55,35 @@ def output_seeds(params: SamplingParams, default_seed: int) -> list[int | None]:
         return [None] * params.n
     base = params.seed if params.seed is not None else default_seed
     return [(base * 7919 + index) % (2**63) for index in range(params.n)]
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One output of a request, resumed where an earlier run of it stopped (the wire's
+    `GenerateRequest.continuation`): the engine runs that output alone, as output
+    `output_index` of a request with the same prompt and params, its first tokens already
+    generated. They are output, not prompt (max_tokens, penalties, the grammar and the draws'
+    positions count them), so greedy and seeded outputs go on exactly as they would have."""
+
+    output_index: int  # among the original request's params.n outputs (its seed)
+    token_ids: tuple[int, ...]  # the output's tokens so far
+    cumulative_logprob: float = 0.0  # their logprobs' sum; later deltas count from it
+
+    def check(
+        self, params: SamplingParams, num_prompt_tokens: int, max_model_len: int, vocab: int
+    ) -> None:
+        """ValueError unless this continues an output of `params` that has tokens left."""
+        if not 0 <= self.output_index < params.n:
+            raise ValueError(
+                f"continuation output_index {self.output_index} is not among the request's "
+                f"{params.n} outputs"
+            )
+        if any(not 0 <= t < vocab for t in self.token_ids):
+            raise ValueError(f"continuation token ids must be in [0, {vocab})")
+        if len(self.token_ids) >= params.max_tokens:
+            raise ValueError(
+                f"the continued output already has {len(self.token_ids)} of its "
+                f"{params.max_tokens} max_tokens"
+            )
+        if num_prompt_tokens + len(self.token_ids) >= max_model_len:
+            raise ValueError("the continued output already fills the model's context")

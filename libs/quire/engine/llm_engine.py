@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from quire.block.allocator import BlockAllocator
@@ -23,7 +23,13 @@ from quire.cache.host_pool import HostBlockPool
 from quire.cache.paged_kv import PagedKVCache
 from quire.config import EngineConfig
 from quire.engine.grammar_masks import StructuredOutputs
-from quire.engine.inputs import Prompt, check_prompt_fits, output_seeds, tokenize_prompt
+from quire.engine.inputs import (
+    Continuation,
+    Prompt,
+    check_prompt_fits,
+    output_seeds,
+    tokenize_prompt,
+)
 from quire.engine.loading import load_engine_model, num_kv_blocks
 from quire.engine.model_runner import ModelRunner, ModelRunnerOutput
 from quire.engine.pull_choice import PullCostModel
@@ -110,24 +116,53 @@ class LLMEngine:
         """Prompt text and token ids, or ValueError naming what is wrong with the prompt."""
         return tokenize_prompt(self.tokenizer, self.model.config.vocab_size, prompt)
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams) -> None:
-        """Validate and queue a request; invalid input raises ValueError and changes nothing."""
+    def add_request(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        params: SamplingParams,
+        continuation: Continuation | None = None,
+    ) -> None:
+        """Validate and queue a request; invalid input raises ValueError and changes nothing.
+
+        With `continuation`, the request runs one output of `params` from its first tokens
+        (`quire.engine.inputs.Continuation`): its deltas carry that output's index, and no
+        prompt logprobs are computed (the run it continues had them).
+        """
         if not isinstance(params, SamplingParams):
             raise ValueError("sampling_params must be a SamplingParams")
         if request_id in self.requests:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        params.check_vocab(self.model.config.vocab_size)
+        vocab_size = self.model.config.vocab_size
+        params.check_vocab(vocab_size)
         text, ids = self.tokenize(prompt)
-        check_prompt_fits(len(ids), self.max_model_len, self.config.block_size, self.allocator)
+        output_ids: list[int] = []
+        index = 0
+        if continuation is not None:
+            continuation.check(params, len(ids), self.max_model_len, vocab_size)
+            output_ids, index = list(continuation.token_ids), continuation.output_index
+        check_prompt_fits(
+            len(ids) + len(output_ids), self.max_model_len, self.config.block_size, self.allocator
+        )
         if params.structured is not None:
             self.structured_outputs().compile(params.structured)  # ValueError if it cannot
         arrival = next(self._arrivals)
-        request = Request(request_id, text, ids, params, arrival)
+        # A continuation runs its one output; the seeds are the whole request's.
+        run_params = params if continuation is None else replace(params, n=1, prompt_logprobs=None)
+        request = Request(request_id, text, ids, run_params, arrival)
         if not params.is_greedy:
             request.seeds = output_seeds(params, self.config.seed * 1_000_003 + arrival)
-        request.seqs.append(Sequence(f"{request_id}#0", request, 0, list(ids), arrival))
+        seq = Sequence(f"{request_id}#{index}", request, index, [*ids, *output_ids], arrival)
+        if continuation is not None:
+            seq.cumulative_logprob = continuation.cumulative_logprob
+            if params.structured is not None:  # the grammar has accepted the output so far
+                try:
+                    self.structured_outputs().matcher(request, index, output_ids)
+                except AssertionError as exc:
+                    raise ValueError(f"the continued output breaks its grammar: {exc}") from exc
+        request.seqs.append(seq)
         self.requests[request_id] = request
-        self.scheduler.add(request.seqs[0])
+        self.scheduler.add(seq)
 
     def structured_outputs(self) -> StructuredOutputs:
         """The engine's grammar compiler and masks, built on the first constrained request."""

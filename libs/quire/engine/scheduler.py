@@ -284,7 +284,7 @@ class Scheduler:
                 seq.num_computed_tokens += self._pull(seq, offer)
             if seq.request.was_scheduled:  # a resume after preemption
                 seq.num_computed_tokens += self._load_prefix(seq)
-            if seq.index == 0 and seq.request.num_cached_tokens == 0:
+            if seq is seq.request.seqs[0] and seq.request.num_cached_tokens == 0:
                 seq.request.num_cached_tokens = seq.num_computed_tokens
             if not seq.request.was_scheduled:
                 seq.request.was_scheduled = True

@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable
 
 from quire.cluster.redis_keys import ExecutorLoad
+from quire.engine.inputs import Continuation
 from quire.outputs import Logprob, RequestDelta, SequenceDelta
 from quire.sampling_params import FLOAT_FIELDS, SamplingParams
 from quire.structured_params import StructuredOutputParams
@@ -111,6 +112,14 @@ def params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
     if msg.HasField("structured"):
         values["structured"] = structured_from_proto(msg.structured)
     return SamplingParams(**values)  # type: ignore[arg-type]
+
+
+def continuation_from_proto(request: pb.GenerateRequest) -> Continuation | None:
+    """The output a Generate call continues, None for a new request."""
+    if not request.HasField("continuation"):
+        return None
+    msg = request.continuation
+    return Continuation(msg.output_index, tuple(msg.token_ids), msg.cumulative_logprob)
 
 
 def delta_to_proto(

@@ -1,8 +1,9 @@
 """A test double of the executor: a real grpc.aio server streaming scripted tokens.
 
 It speaks quire.v1.Executor exactly as the real one does on the wire (one response per
-"step", the last with finished = true; cancelling the call aborts it), but instead of a model
-it plays a `Script`. Every request and every cancellation is recorded for assertions.
+"step", the last with finished = true; cancelling the call aborts it; a continuation plays its
+output from where its tokens stop, under its own index), but instead of a model it plays a
+`Script`. Every request and every cancellation is recorded for assertions.
 """
 
 from __future__ import annotations
@@ -30,6 +31,12 @@ class Script:
     num_cached_tokens: int = 0
     error: grpc.StatusCode | None = None  # abort with this before any output
     error_message: str = "scripted failure"
+    # The executor is lost after this many messages of a first call (and of continuations
+    # too with `fail_continuations`): the call ends with `fail_code`, or without a status
+    # (the stream just ends) when that is None.
+    fail_after: int | None = None
+    fail_continuations: bool = False
+    fail_code: grpc.StatusCode | None = grpc.StatusCode.UNAVAILABLE
 
 
 class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
@@ -41,6 +48,7 @@ class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
         self.requests: list[pb.GenerateRequest] = []
         self.cancelled: list[str] = []
         self.completed: list[str] = []
+        self.failed: list[str] = []  # calls ended by `Script.fail_after`
         self.aborts: list[tuple[str, list[int]]] = []  # (request id, indices) of Abort calls
 
     def reset(self, script: Script) -> None:
@@ -48,6 +56,7 @@ class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
         self.requests.clear()
         self.cancelled.clear()
         self.completed.clear()
+        self.failed.clear()
         self.aborts.clear()
 
     async def Generate(  # noqa: N802 (gRPC method name)
@@ -60,17 +69,32 @@ class FakeExecutor(executor_pb2_grpc.ExecutorServicer):
         params = request.params
         n = params.n or 1
         max_tokens = params.max_tokens or 16
-        per_index = [script.tokens_by_index.get(i, script.tokens)[:max_tokens] for i in range(n)]
+        played = range(n)
+        done_before = 0  # tokens a continuation's output already has
+        if request.HasField("continuation"):
+            played = range(request.continuation.output_index, request.continuation.output_index + 1)
+            done_before = len(request.continuation.token_ids)
+        per_index = {
+            i: script.tokens_by_index.get(i, script.tokens)[done_before:max_tokens] for i in played
+        }
         k = params.logprobs if params.HasField("logprobs") else None
+        fail_after = script.fail_after
+        if request.HasField("continuation") and not script.fail_continuations:
+            fail_after = None
         try:
             if script.first_delay_s:
                 await asyncio.sleep(script.first_delay_s)
             step = max(1, script.tokens_per_message)
-            longest = max(len(t) for t in per_index)
-            for start in range(0, longest, step):
+            longest = max(len(t) for t in per_index.values())
+            for num_sent, start in enumerate(range(0, longest, step)):
+                if num_sent == fail_after:
+                    self.failed.append(request.request_id)
+                    if script.fail_code is None:
+                        return
+                    await context.abort(script.fail_code, "scripted loss")
                 last = start + step >= longest
                 outputs = []
-                for index, tokens in enumerate(per_index):
+                for index, tokens in per_index.items():
                     chunk = tokens[start : start + step]
                     if not chunk:
                         continue
