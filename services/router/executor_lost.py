@@ -9,10 +9,10 @@ the stream's first response, when its executor can no longer be counted on to fi
 - the call ends (EOF) before a message with `finished = true`;
 - someone declared it lost: `ExecutorStream.lose(reason)` for one stream, or
   `Dispatcher.lose_executor(executor_id, reason)` for every open stream on an executor (which
-  also marks it down, so nothing is routed there for `executor_down_s`). The liveness watch
-  calls it when the executor's record is gone from Redis; a hang detector calls it when an
-  executor that claims to be alive makes no progress. The pending read is cancelled, and the
-  call with it (the executor aborts the request if it still can).
+  also marks it down, so nothing is routed there for `executor_down_s`). The stall watch
+  (services/router/stall_watch.py) calls it for an executor this router waits on whose
+  liveness record shows no progress, or is gone. The pending read is cancelled, and the call
+  with it (the executor aborts the request if it still can).
 
 The generation that owns the stream (services/router/generation.py) catches it and continues
 each of the stream's unfinished outputs on another executor as a continuation
