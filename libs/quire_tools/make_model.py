@@ -58,6 +58,9 @@ _LLAMA: dict[str, Any] = {
     "attention_bias": False,
     "mlp_bias": False,
 }
+# tiny-phi3-longrope's original_max_position_embeddings: contexts up to it rotate with the short
+# factors, longer ones with the long factors.
+LONGROPE_ORIGINAL_MAX = 64
 _TINY_SHAPE: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 384,
@@ -157,6 +160,44 @@ PRESETS: dict[str, dict[str, Any]] = {
         "router_aux_loss_coef": 0.0,
         "output_router_logits": False,
         **_rope(1000000.0),
+    },
+    "tiny-phi3": {
+        **_COMMON,
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",  # qkv_proj and gate_up_proj fused in the checkpoint
+        "hidden_size": 256,
+        "intermediate_size": 384,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,  # head_dim 64
+        "num_key_value_heads": 2,
+        "original_max_position_embeddings": 2048,
+        "sliding_window": None,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        **_rope(10000.0),
+    },
+    # LongRoPE over the first 3/4 of each 128-wide head: short factors up to 64 positions,
+    # long ones past them (Phi-3-mini-128k and Phi-4-mini's shape of rope, scaled down).
+    "tiny-phi3-longrope": {
+        **_COMMON,
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "hidden_size": 256,
+        "intermediate_size": 320,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,  # head_dim 128, one kv head
+        "num_key_value_heads": 1,
+        "original_max_position_embeddings": LONGROPE_ORIGINAL_MAX,
+        "sliding_window": None,
+        "resid_pdrop": 0.0,
+        "embd_pdrop": 0.0,
+        "rope_parameters": {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.75,
+            "short_factor": [round(1.0 + 0.02 * i, 2) for i in range(48)],
+            "long_factor": [1.0 + 0.75 * i for i in range(48)],
+        },
     },
     "tiny-mistral": {
         **_COMMON,
@@ -331,7 +372,21 @@ def make_weights(
         generator.manual_seed(_tensor_seed(seed, preset, spec.name))
         tensor = torch.randn(spec.shape, generator=generator, dtype=torch.float32)
         weights[spec.name] = tensor.mul_(spec.std).add_(spec.mean)
+    if config["model_type"] == "phi3":
+        _fuse_projections(weights, config["num_hidden_layers"])
     return weights
+
+
+def _fuse_projections(weights: dict[str, torch.Tensor], num_layers: int) -> None:
+    """Phi-3's checkpoint layout: q/k/v as one self_attn.qkv_proj, gate/up as one
+    mlp.gate_up_proj (each drawn as its separate parts were)."""
+    for i in range(num_layers):
+        for prefix, parts, fused in (
+            (f"model.layers.{i}.self_attn.", ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+            (f"model.layers.{i}.mlp.", ("gate_proj", "up_proj"), "gate_up_proj"),
+        ):
+            tensors = [weights.pop(f"{prefix}{part}.weight") for part in parts]
+            weights[f"{prefix}{fused}.weight"] = torch.cat(tensors)
 
 
 def _shard(weights: dict[str, torch.Tensor], shard_size_bytes: int) -> list[list[str]]:

@@ -166,3 +166,23 @@ def test_cache_write_refuses_a_slot_out_of_range_before_writing() -> None:
     with pytest.raises(ValueError, match=r"slots outside \[0, 8\)"):
         cpp_attention.write_kv_cache(values, values, cache, cache.clone(), torch.tensor([1, 8]))
     assert not cache.any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_partial_rotary_rotates_only_the_leading_dims(dtype: torch.dtype) -> None:
+    # Phi-4-mini's shape: rotary over the first 3/4 of each head, through views of the heads.
+    rope = RotaryEmbedding(RopeConfig(partial_rotary_factor=0.75), 128, 512, torch.device("cpu"))
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(9, 4, 128, generator=g).to(dtype)
+    k = torch.randn(9, 2, 128, generator=g).to(dtype)
+    positions = torch.randint(0, 512, (9,), generator=g)
+    want_q, want_k = q.clone(), k.clone()
+    reference_fused.rotary_embedding_(
+        positions, want_q[..., :96], want_k[..., :96], rope.cos, rope.sin
+    )
+    got_q, got_k = q.clone(), k.clone()
+    torch.ops.quire_cpu.rotary_embedding_(
+        positions, got_q[..., :96], got_k[..., :96], rope.cos, rope.sin
+    )
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+    assert torch.equal(got_q[..., 96:], q[..., 96:]) and not torch.equal(got_q, q)

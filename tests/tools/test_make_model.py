@@ -19,6 +19,8 @@ TEST_PRESETS = [
     "tiny-qwen3",
     "tiny-qwen3-moe",
     "tiny-mixtral",
+    "tiny-phi3",
+    "tiny-phi3-longrope",
 ]
 # Mixed scripts, emoji with ZWJ, a decomposed accent (non-NFC), tabs and runs of spaces.
 UTF8_TEXT = "Héllo wörld — 你好，世界 😀👩‍💻 Καλημέρα, Привет!\n\tdef f(x):  return x**2  e\u0301"

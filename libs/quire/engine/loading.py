@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,10 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     device = config.resolve_device()
     dtype = config.resolve_dtype(device)
     model_config, state = load_checkpoint(path, device, dtype)
+    # The model is built for the context it serves: rotary tables that long, and LongRoPE's
+    # factors chosen by it (quire.model.rope).
+    if config.max_model_len is not None and config.max_model_len < model_config.max_model_len:
+        model_config = dataclasses.replace(model_config, max_model_len=config.max_model_len)
     model = build_model(model_config, state, device)
     del state
     try:
@@ -54,9 +59,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         dtype=dtype,
         model=model,
         tokenizer=tokenizer,
-        max_model_len=min(
-            config.max_model_len or model_config.max_model_len, model_config.max_model_len
-        ),
+        max_model_len=model_config.max_model_len,
         eos_token_ids=_eos_token_ids(path, model_config.eos_token_ids, tokenizer),
     )
 

@@ -49,6 +49,7 @@ class DecoderModel:
     """The weights of one checkpoint and the forward pass over them."""
 
     qk_norm = False  # an RMSNorm over each query and key head before rotary (Qwen3)
+    fused_qkv = False  # the checkpoint stores self_attn.qkv_proj, not q/k/v_proj (Phi-3)
 
     def __init__(
         self, config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device
@@ -95,6 +96,7 @@ class DecoderModel:
             self.rotary,
             self.paged_attention,
             qk_norm=self.qk_norm,
+            fused=self.fused_qkv,
         )
         return DecoderLayer(
             input_norm=take(prefix + "input_layernorm.weight"),

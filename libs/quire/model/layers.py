@@ -1,6 +1,8 @@
 """The layers every architecture is assembled from, each built from checkpoint tensors by name:
-self-attention over the paged cache (fused qkv, optional per-head q/k RMSNorm) and the SwiGLU
-MLP (fused gate/up). The sparse expert MLP is quire.model.moe."""
+self-attention over the paged cache (fused qkv, optional per-head q/k RMSNorm, full or partial
+rotary) and the SwiGLU MLP (fused gate/up). Checkpoints store q/k/v and gate/up either apart
+(Llama) or already fused (Phi-3); both load into the same fused weights. The sparse expert MLP
+is quire.model.moe."""
 
 from __future__ import annotations
 
@@ -87,9 +89,11 @@ class Attention:
         rotary: RotaryEmbedding,
         paged: PagedAttention,
         qk_norm: bool = False,
+        fused: bool = False,
     ) -> Attention:
-        """q_proj/k_proj/v_proj/o_proj (+ q_norm/k_norm) under `prefix`, q/k/v fused."""
-        names = [f"{prefix}{n}_proj" for n in "qkv"]
+        """q_proj/k_proj/v_proj/o_proj (+ q_norm/k_norm) under `prefix`, q/k/v fused; with
+        `fused`, the checkpoint's own qkv_proj."""
+        names = [f"{prefix}qkv_proj"] if fused else [f"{prefix}{n}_proj" for n in "qkv"]
         qkv_weight = take.concat([n + ".weight" for n in names])
         assert qkv_weight is not None
         qkv = Linear(
@@ -121,7 +125,11 @@ class Attention:
             q_weight, k_weight = self.qk_norm
             q = kernels.rms_norm(q.reshape(-1, self.head_dim), q_weight, self.eps).view_as(q)
             k = kernels.rms_norm(k.reshape(-1, self.head_dim), k_weight, self.eps).view_as(k)
-        kernels.rotary_embedding_(positions, q, k, self.rotary.cos, self.rotary.sin)
+        rotary_dim = self.rotary.rotary_dim  # partial rotary: only each head's first dims
+        q_rot, k_rot = (
+            (q, k) if rotary_dim == self.head_dim else (q[..., :rotary_dim], k[..., :rotary_dim])
+        )
+        kernels.rotary_embedding_(positions, q_rot, k_rot, self.rotary.cos, self.rotary.sin)
         attn = self.paged(q, k, v, kv_cache, meta)
         return self.o(attn.reshape(-1, self.q_size))
 
@@ -145,9 +153,11 @@ class GatedMLP:
         prefix: str,  # e.g. "model.layers.3.mlp."
         backend: str,
         bias: bool = False,
+        fused: bool = False,
     ) -> GatedMLP:
-        """gate_proj/up_proj/down_proj under `prefix`."""
-        names = [prefix + "gate_proj", prefix + "up_proj"]
+        """gate_proj/up_proj/down_proj under `prefix`; with `fused`, the checkpoint's own
+        gate_up_proj (gate rows first)."""
+        names = [prefix + "gate_up_proj"] if fused else [prefix + "gate_proj", prefix + "up_proj"]
         gate_up_weight = take.concat([n + ".weight" for n in names])
         assert gate_up_weight is not None
         gate_up = Linear(gate_up_weight, take.concat([n + ".bias" for n in names], bias), backend)

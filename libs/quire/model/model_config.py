@@ -12,9 +12,12 @@ from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_messa
 __all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "MoeConfig", "RopeConfig"]
 
 
+ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+
+
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary embedding parameters (rope_type default | linear | llama3)."""
+    """Rotary embedding parameters (rope_type default | linear | llama3 | longrope)."""
 
     rope_type: str = "default"
     theta: float = 10000.0
@@ -22,14 +25,33 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # longrope (Phi-3): per-pair divisors of the frequencies for contexts up to
+    # original_max_position_embeddings (short) and beyond (long), and the factor cos and sin
+    # are scaled by (transformers' attention_scaling).
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+    partial_rotary_factor: float = 1.0  # share of each head's dims that rotate (the first ones)
 
     def __post_init__(self) -> None:
-        if self.rope_type not in ("default", "linear", "llama3"):
+        if self.rope_type not in ROPE_TYPES:
             raise ValueError(
-                f"rope_type {self.rope_type!r} is not supported (supported: default, linear, llama3)"
+                f"rope_type {self.rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})"
             )
-        if self.theta <= 0 or self.factor <= 0:
-            raise ValueError("rope theta and factor must be positive")
+        if self.theta <= 0 or self.factor <= 0 or self.attention_factor <= 0:
+            raise ValueError("rope theta, factor and attention_factor must be positive")
+        if not 0 < self.partial_rotary_factor <= 1:
+            raise ValueError(
+                f"partial_rotary_factor must lie in (0, 1], got {self.partial_rotary_factor}"
+            )
+        if self.rope_type == "longrope" and (
+            not self.short_factor or len(self.short_factor) != len(self.long_factor)
+        ):
+            raise ValueError("longrope needs short_factor and long_factor of one length")
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """The leading dims of each head that rotate (all of them unless partial)."""
+        return int(head_dim * self.partial_rotary_factor)
 
 
 @dataclass(frozen=True)
@@ -179,13 +201,37 @@ def _rope_from_hf(hf: Any) -> RopeConfig:
     params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
     theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
+    rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
+    original_max = int(
+        params.get(
+            "original_max_position_embeddings",
+            getattr(hf, "original_max_position_embeddings", hf.max_position_embeddings),
+        )
+    )
+    partial = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))
     return RopeConfig(
         rope_type=rope_type,
         theta=float(theta),
         factor=float(params.get("factor", 1.0) or 1.0),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", hf.max_position_embeddings)
-        ),
+        original_max_position_embeddings=original_max,
+        short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
+        long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
+        attention_factor=_longrope_attention_factor(hf, params, original_max)
+        if rope_type == "longrope"
+        else 1.0,
+        partial_rotary_factor=float(partial or 1.0),
     )
+
+
+def _longrope_attention_factor(hf: Any, params: dict[str, Any], original_max: int) -> float:
+    """transformers' default when the config names none: sqrt(1 + ln(factor) / ln(original
+    max)), factor being max_position_embeddings / original_max_position_embeddings unless
+    given."""
+    if params.get("attention_factor") is not None:
+        return float(params["attention_factor"])
+    factor = params.get("factor") or hf.max_position_embeddings / original_max
+    if factor <= 1.0:
+        return 1.0
+    return math.sqrt(1 + math.log(factor) / math.log(original_max))

@@ -22,7 +22,8 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """quire-tiny plus random configurations: MQA with llama3 rope; Qwen2 bias + tied; Qwen3
-    (q/k norms, head_dim 48); Qwen3-MoE (4 experts, a dense layer); Mixtral (8 experts)."""
+    (q/k norms, head_dim 48); Qwen3-MoE (4 experts, a dense layer); Mixtral (8 experts); Phi-3
+    (fused qkv and gate_up; head_dim 64, and 128 with LongRoPE over 3/4 of each head)."""
     root = tmp_path_factory.mktemp("zoo")
     return {
         "tiny": tiny_model,
@@ -31,6 +32,8 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         "tiny-qwen3": make_checkpoint(root / "qwen3", "tiny-qwen3", seed=3),
         "tiny-qwen3-moe": make_checkpoint(root / "qwen3-moe", "tiny-qwen3-moe", seed=4),
         "tiny-mixtral": make_checkpoint(root / "mixtral", "tiny-mixtral", seed=5),
+        "tiny-phi3": make_checkpoint(root / "phi3", "tiny-phi3", seed=6),
+        "tiny-phi3-longrope": make_checkpoint(root / "phi3-longrope", "tiny-phi3-longrope", seed=7),
     }
 
 

@@ -43,7 +43,15 @@ def run_and_compare(llm: LLM, oracle: HFOracle, prompts: list[list[int]], label:
     assert llm.stats().allocator.num_blocks_used == 0, "blocks leaked after generate()"
 
 
-MODELS = ["tiny", "tiny-mqa", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-mixtral"]
+MODELS = [
+    "tiny",
+    "tiny-mqa",
+    "tiny-qwen2",
+    "tiny-qwen3",
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+    "tiny-phi3",
+]
 # Run under Quire's own packed kernel too. The other architectures' dense projections are the
 # same Linear layers, so the measured choice covers them.
 PACKED_MODELS = ["tiny", "tiny-mqa", "tiny-qwen2"]
