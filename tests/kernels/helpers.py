@@ -21,15 +21,35 @@ class PagedBatch:
     block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
     context_lens: torch.Tensor  # [num_seqs] int32
 
-    def decode(self, kernels: PagedAttention, query: torch.Tensor, scale: float) -> torch.Tensor:
+    def decode(
+        self,
+        kernels: PagedAttention,
+        query: torch.Tensor,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:
         """A backend's decode attention over this batch, one query token per sequence."""
         # query: [num_seqs, num_heads, head_dim]
         return kernels.paged_decode_attention(
-            query, self.key_cache, self.value_cache, self.block_tables, self.context_lens, scale
+            query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.context_lens,
+            scale,
+            sliding_window,
+            logits_soft_cap,
         )
 
     def prefill(
-        self, kernels: PagedAttention, query: torch.Tensor, query_lens: list[int], scale: float
+        self,
+        kernels: PagedAttention,
+        query: torch.Tensor,
+        query_lens: list[int],
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """A backend's prefill attention over this batch, query_lens[s] chunk tokens of
         sequence s back to back in `query` (the last ones of its context)."""
@@ -42,6 +62,8 @@ class PagedBatch:
             cu_lens(query_lens, str(query.device)),
             self.context_lens,
             scale,
+            sliding_window,
+            logits_soft_cap,
         )
 
 
@@ -133,11 +155,18 @@ def cu_lens(lens: list[int], device: str = "cpu") -> torch.Tensor:
 
 
 def dense_causal_attention(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Textbook attention in float64 for one sequence's chunk over contiguous keys/values.
 
-    Query row i sits at position context_len - query_len + i. Returns float64.
+    Query row i sits at position context_len - query_len + i and sees the keys up to its own
+    position (its last sliding_window ones with a window); scaled scores s become
+    cap * tanh(s / cap) with a soft cap. Returns float64.
     """
     # query: [query_len, num_heads, head_dim]; keys, values: [context_len, num_kv_heads, head_dim]
     query_len, num_heads, _ = query.shape
@@ -146,20 +175,65 @@ def dense_causal_attention(
     keys = keys.double().repeat_interleave(group, dim=1)
     values = values.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query.double(), keys) * scale
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     query_positions = torch.arange(context_len - query_len, context_len, device=query.device)
     key_positions = torch.arange(context_len, device=query.device)
-    scores[:, key_positions[None, :] > query_positions[:, None]] = float("-inf")
+    is_hidden = key_positions[None, :] > query_positions[:, None]
+    if sliding_window is not None:
+        is_hidden |= key_positions[None, :] <= query_positions[:, None] - sliding_window
+    scores[:, is_hidden] = float("-inf")
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
 
 
 def dense_batch_attention(
-    batch: PagedBatch, query: torch.Tensor, query_lens: list[int], scale: float
+    batch: PagedBatch,
+    query: torch.Tensor,
+    query_lens: list[int],
+    scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """dense_causal_attention for every sequence of a batch, rows concatenated (float64)."""
     # query: [sum(query_lens), num_heads, head_dim], sequence by sequence
     outputs, start = [], 0
     for seq, query_len in enumerate(query_lens):
         chunk = query[start : start + query_len]
-        outputs.append(dense_causal_attention(chunk, batch.keys[seq], batch.values[seq], scale))
+        outputs.append(
+            dense_causal_attention(
+                chunk,
+                batch.keys[seq],
+                batch.values[seq],
+                scale,
+                sliding_window,
+                logits_soft_cap,
+            )
+        )
         start += query_len
     return torch.cat(outputs)
+
+
+def drop_blocks_outside_windows(
+    batch: PagedBatch, query_lens: list[int], sliding_window: int
+) -> PagedBatch:
+    """The batch with every block table entry wholly before its chunk's first window pointed
+    at one block of NaN (what a sequence's freed blocks may hold): a kernel that reads there
+    shows it."""
+    num_blocks, block_size = batch.key_cache.shape[:2]
+    used = {
+        block_id
+        for seq, context_len in enumerate(batch.context_lens.tolist())
+        for block_id in batch.block_tables[seq, : -(-context_len // block_size)].tolist()
+    }
+    # make_paged_batch leaves spare blocks: the first one stands for the freed blocks
+    nan_block = min(set(range(num_blocks)) - used)
+    key_cache, value_cache = batch.key_cache.clone(), batch.value_cache.clone()
+    key_cache[nan_block] = float("nan")
+    value_cache[nan_block] = float("nan")
+    tables = batch.block_tables.clone()
+    for seq, (context_len, query_len) in enumerate(
+        zip(batch.context_lens.tolist(), query_lens, strict=True)
+    ):
+        first_key = max(0, context_len - query_len - sliding_window + 1)
+        tables[seq, : first_key // block_size] = nan_block
+    return PagedBatch(batch.keys, batch.values, key_cache, value_cache, tables, batch.context_lens)

@@ -238,7 +238,7 @@ def test_copy_blocks_rejects_overlapping_pairs(
 
 def test_decode_groups_sequences_of_similar_length() -> None:
     lens = torch.tensor([130, 1, 17, 120, 15, 64, 16, 65, 33, 2000], dtype=torch.int32)
-    groups = reference._length_groups(lens, 16)
+    groups = reference._length_groups(-(-lens.long() // 16))
     rows = torch.cat(groups).tolist()
     assert sorted(rows) == list(range(len(lens)))  # every sequence exactly once
     assert 1 < len(groups) <= reference._MAX_GROUPS
@@ -248,7 +248,7 @@ def test_decode_groups_sequences_of_similar_length() -> None:
     for b in blocks[:-1]:  # all but the catch-all last group keep padding in bounds
         assert max(b) * len(b) <= reference._MAX_PADDING_RATIO * sum(b)
     same = torch.tensor([40, 33, 48, 35], dtype=torch.int32)
-    assert len(reference._length_groups(same, 16)) == 1
+    assert len(reference._length_groups(-(-same.long() // 16))) == 1
 
 
 def test_a_decode_plan_is_reused_and_bound_to_its_inputs() -> None:
@@ -269,7 +269,13 @@ def test_a_decode_plan_is_reused_and_bound_to_its_inputs() -> None:
     other_lens = batch.context_lens.clone()
     with pytest.raises(ValueError, match="decode plan"):
         reference.paged_decode_attention(
-            query, batch.key_cache, batch.value_cache, batch.block_tables, other_lens, 0.25, plan
+            query,
+            batch.key_cache,
+            batch.value_cache,
+            batch.block_tables,
+            other_lens,
+            0.25,
+            plan=plan,
         )
     with pytest.raises(ValueError, match="capacity"):
         reference.plan_decode(batch.block_tables, batch.context_lens * 100, 10_000, 16)

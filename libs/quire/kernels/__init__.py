@@ -52,13 +52,19 @@ def copy_blocks(
 
 
 def plan_decode(
-    block_tables: torch.Tensor, context_lens: torch.Tensor, key_cache: torch.Tensor
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    key_cache: torch.Tensor,
+    sliding_window: int | None = None,
 ) -> reference.DecodePlan | None:
-    """The index work of a decode batch that every layer shares, done once for the torch
-    reference; None where the backend needs none (C++ and Triton read block tables directly)."""
+    """The index work of a decode batch that every layer with this window shares, done once
+    for the torch reference; None where the backend needs none (C++ and Triton read block
+    tables directly)."""
     if backends.paged_attention(key_cache.device) is not reference:
         return None
-    return reference.plan_decode(block_tables, context_lens, key_cache.shape[0], key_cache.shape[1])
+    return reference.plan_decode(
+        block_tables, context_lens, key_cache.shape[0], key_cache.shape[1], sliding_window
+    )
 
 
 def paged_decode_attention(
@@ -68,21 +74,20 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
     plan: reference.DecodePlan | None = None,
 ) -> torch.Tensor:
     """signatures.PagedAttention.paged_decode_attention on the backend for query's device.
 
-    `plan` comes from `plan_decode` for the same block tables and lengths, or is None; only
-    the torch reference uses it.
+    `plan` comes from `plan_decode` for the same block tables, lengths and window, or is None;
+    only the torch reference uses it.
     """
     kernels = backends.paged_attention(query.device)
+    args = (query, key_cache, value_cache, block_tables, context_lens, scale)
     if kernels is reference:
-        return reference.paged_decode_attention(
-            query, key_cache, value_cache, block_tables, context_lens, scale, plan
-        )
-    return kernels.paged_decode_attention(
-        query, key_cache, value_cache, block_tables, context_lens, scale
-    )
+        return reference.paged_decode_attention(*args, sliding_window, logits_soft_cap, plan)
+    return kernels.paged_decode_attention(*args, sliding_window, logits_soft_cap)
 
 
 def paged_prefill_attention(
@@ -93,10 +98,20 @@ def paged_prefill_attention(
     cu_query_lens: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """signatures.PagedAttention.paged_prefill_attention on the backend for query's device."""
     return backends.paged_attention(query.device).paged_prefill_attention(
-        query, key_cache, value_cache, block_tables, cu_query_lens, context_lens, scale
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        cu_query_lens,
+        context_lens,
+        scale,
+        sliding_window,
+        logits_soft_cap,
     )
 
 

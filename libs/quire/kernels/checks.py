@@ -213,6 +213,14 @@ def check_copy_blocks(
     return cache
 
 
+def check_window_and_cap(sliding_window: int | None, logits_soft_cap: float | None) -> None:
+    """Raise ValueError unless the window is None or >= 1 and the soft cap None or > 0."""
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be None or >= 1, got {sliding_window}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be None or > 0, got {logits_soft_cap}")
+
+
 def check_triton_head_dim(head_dim: int) -> None:
     """Raise ValueError unless the Triton kernels can tile head_dim (tl.arange needs 2**k)."""
     if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):

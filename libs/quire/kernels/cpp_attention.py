@@ -145,9 +145,12 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Checks metadata only; caches need a head_dim stride of 1."""
     checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
+    checks.check_window_and_cap(sliding_window, logits_soft_cap)
     _check_cpu_layout(query, key_cache)
     require_loaded()
     return torch.ops.quire_cpu.paged_decode_attention(
@@ -157,6 +160,8 @@ def paged_decode_attention(
         _unit_last_stride(block_tables),
         context_lens,
         float(scale),
+        sliding_window,
+        logits_soft_cap,
     )
 
 
@@ -168,9 +173,12 @@ def paged_prefill_attention(
     cu_query_lens: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Checks metadata only; caches need a head_dim stride of 1."""
     checks.check_prefill(query, key_cache, value_cache, block_tables, cu_query_lens, context_lens)
+    checks.check_window_and_cap(sliding_window, logits_soft_cap)
     _check_cpu_layout(query, key_cache)
     require_loaded()
     return torch.ops.quire_cpu.paged_prefill_attention(
@@ -181,6 +189,8 @@ def paged_prefill_attention(
         cu_query_lens,
         context_lens,
         float(scale),
+        sliding_window,
+        logits_soft_cap,
     )
 
 

@@ -79,45 +79,59 @@ class _DecodeGroup:
     rows: torch.Tensor | None  # row indices into the batch (None: the whole batch)
     block_ids: torch.Tensor  # [num_seqs * num_blocks_used] int64: the blocks to gather
     past_end: torch.Tensor  # gathered block rows past their sequence's last block
-    tail: torch.Tensor  # gathered slot rows past their sequence's context in its last block
+    # gathered slot rows outside their sequence's keys in its first and last block (before
+    # its window, past its context)
+    stale: torch.Tensor
     is_valid: torch.Tensor  # [num_seqs, max_len] bool
     max_len: int
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """A decode batch's gathers, worked out once for every layer of a step.
+    """A decode batch's gathers, worked out once for every layer of a step with one window.
 
-    It depends only on the block tables and the context lengths, which every layer shares, so
-    the model builds it once per step (`AttentionMetadata.decode_plan`); the inputs are
-    checked when it is built.
+    It depends only on the block tables, the context lengths and the window, which every
+    layer of a kind shares, so the model builds it once per step and window
+    (`AttentionMetadata.decode_plan`); the inputs are checked when it is built.
     """
 
     block_tables: torch.Tensor
     context_lens: torch.Tensor
     block_size: int
+    sliding_window: int | None
     groups: tuple[_DecodeGroup, ...]
 
 
 def plan_decode(
-    block_tables: torch.Tensor, context_lens: torch.Tensor, num_blocks: int, block_size: int
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    num_blocks: int,
+    block_size: int,
+    sliding_window: int | None = None,
 ) -> DecodePlan:
-    """Check a decode batch's block ids and lengths, then plan its gathers."""
+    """Check a decode batch's block ids and lengths, then plan its gathers: each sequence's
+    blocks from the one holding its window's first position (its first block without a
+    window) to its last."""
     # block_tables: [num_seqs, max_blocks_per_seq] int32; context_lens: [num_seqs] int32
+    checks.check_window_and_cap(sliding_window, None)
     _check_block_ids(block_tables, num_blocks)
     _check_context_lens(context_lens, 1, "1", block_tables.shape[1], block_size)
     groups: tuple[_DecodeGroup, ...] = ()
     if context_lens.numel():
+        lens = context_lens.long()
+        starts = (lens - sliding_window).clamp(min=0) if sliding_window else torch.zeros_like(lens)
+        first_blocks = starts // block_size
+        num_seq_blocks = (lens + block_size - 1) // block_size - first_blocks
         # Sequences are padded to the longest one in their group, so very different lengths
         # are split into groups of similar length (a few calls, longest first).
-        rows = _length_groups(context_lens, block_size)
+        rows = _length_groups(num_seq_blocks)
         if len(rows) == 1:
-            groups = (_plan_group(None, block_tables, context_lens, block_size),)
+            groups = (_plan_group(None, block_tables, lens, starts, block_size),)
         else:
             groups = tuple(
-                _plan_group(r, block_tables[r], context_lens[r], block_size) for r in rows
+                _plan_group(r, block_tables[r], lens[r], starts[r], block_size) for r in rows
             )
-    return DecodePlan(block_tables, context_lens, block_size, groups)
+    return DecodePlan(block_tables, context_lens, block_size, sliding_window, groups)
 
 
 def paged_decode_attention(
@@ -127,33 +141,45 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
     plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """Sequences are padded to the longest of their group (`plan_decode`) and attend in
-    batched SDPA calls. A `plan` from `plan_decode` for these very block tables and lengths
-    spares every layer the same index work."""
+    batched SDPA calls (masked matmuls with a soft cap). A `plan` from `plan_decode` for these
+    very block tables, lengths and window spares every layer the same index work."""
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
+    checks.check_window_and_cap(sliding_window, logits_soft_cap)
     if plan is None:
         plan = plan_decode(
-            block_tables, context_lens, shape.cache.num_blocks, shape.cache.block_size
+            block_tables,
+            context_lens,
+            shape.cache.num_blocks,
+            shape.cache.block_size,
+            sliding_window,
         )
     elif not (
         plan.block_tables is block_tables
         and plan.context_lens is context_lens
         and plan.block_size == shape.cache.block_size
+        and plan.sliding_window == sliding_window
     ):
-        raise ValueError("the decode plan was made for other block tables or context lengths")
+        raise ValueError(
+            "the decode plan was made for other block tables, context lengths or window"
+        )
     if query.shape[0] == 0:
         return query.new_empty(query.shape)
     group_size = shape.query_group_size
+
+    def attend(q: torch.Tensor, group: _DecodeGroup) -> torch.Tensor:
+        return _decode_padded(q, key_cache, value_cache, group, scale, group_size, logits_soft_cap)
+
     if len(plan.groups) == 1:
-        return _decode_padded(query, key_cache, value_cache, plan.groups[0], scale, group_size)
+        return attend(query, plan.groups[0])
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     for group in plan.groups:
         assert group.rows is not None
-        out[group.rows] = _decode_padded(
-            query[group.rows], key_cache, value_cache, group, scale, group_size
-        )
+        out[group.rows] = attend(query[group.rows], group)
     return out
 
 
@@ -163,9 +189,9 @@ _MAX_PADDING_RATIO = 1.5
 _MAX_GROUPS = 4  # each group is a call of its own: past this, the last one takes the rest
 
 
-def _length_groups(context_lens: torch.Tensor, block_size: int) -> list[torch.Tensor]:
-    """Row indices of sequences with similar block counts, longest first."""
-    num_blocks = (context_lens.long() + block_size - 1) // block_size
+def _length_groups(num_blocks: torch.Tensor) -> list[torch.Tensor]:
+    """Row indices of sequences with similar block counts (`num_blocks`: [num_seqs], the
+    blocks each one reads), longest first."""
     order = torch.argsort(num_blocks, descending=True)
     counts = num_blocks[order].tolist()
     groups: list[torch.Tensor] = []
@@ -188,32 +214,60 @@ def _length_groups(context_lens: torch.Tensor, block_size: int) -> list[torch.Te
 def _plan_group(
     rows: torch.Tensor | None,
     block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
+    lens: torch.Tensor,
+    starts: torch.Tensor,
     block_size: int,
 ) -> _DecodeGroup:
-    # Whole blocks are gathered up to the group's longest context: index_select copies one
+    # Whole blocks are gathered, from each sequence's first block to read (the one holding
+    # position starts[s]) on, as many as the group's longest reads: index_select copies one
     # contiguous block per row, far cheaper than a per-position gather. Unused slots may hold
-    # anything, NaN included, and 0 * NaN is NaN even under a -inf mask, so the slots past
-    # each context are zeroed in the copy: whole blocks past its last block (index_fill_ by
-    # block) and the tail of its last block (at most block_size - 1 slots per sequence).
-    device = context_lens.device
-    lens = context_lens.long()
-    num_blocks_used = -(-int(lens.max()) // block_size)
+    # anything, NaN included, and 0 * NaN is NaN even under a -inf mask, so the slots outside
+    # each sequence's keys are zeroed in the copy: whole blocks past its last block (index_fill_
+    # by block), the head of its first block and the tail of its last block (under
+    # block_size slots each).
+    # lens, starts: [num_seqs] int64: keys at positions starts[s] .. lens[s] - 1
+    device = lens.device
+    first_blocks = starts // block_size
+    seq_blocks = (lens + block_size - 1) // block_size - first_blocks  # blocks read
+    num_blocks_used = int(seq_blocks.max())
     max_len = num_blocks_used * block_size
-    seq_blocks = (lens + block_size - 1) // block_size
     block_idx = torch.arange(num_blocks_used, device=device)
-    last_block_pos = (seq_blocks - 1)[:, None] * block_size + torch.arange(
-        block_size, device=device
-    )[None, :]
+    # Columns past a sequence's last block are clamped into the table; they are past_end.
+    columns = (first_blocks[:, None] + block_idx[None, :]).clamp(max=block_tables.shape[1] - 1)
+    slot = torch.arange(block_size, device=device)[None, :]
+    last_block_pos = (seq_blocks - 1)[:, None] * block_size + slot
     seq_start = torch.arange(lens.shape[0], device=device)[:, None] * max_len
+    # gathered slot j of sequence s holds position first_blocks[s] * block_size + j
+    rel_lens = lens - first_blocks * block_size
+    rel_starts = starts - first_blocks * block_size
+    tail = (seq_start + last_block_pos)[last_block_pos >= rel_lens[:, None]]
+    head = (seq_start + slot)[slot < rel_starts[:, None]]
+    gathered = torch.arange(max_len, device=device)[None, :]
     return _DecodeGroup(
         rows=rows,
-        block_ids=block_tables[:, :num_blocks_used].long().reshape(-1),
+        block_ids=block_tables.long().gather(1, columns).reshape(-1),
         past_end=(block_idx[None, :] >= seq_blocks[:, None]).reshape(-1).nonzero().squeeze(1),
-        tail=(seq_start + last_block_pos)[last_block_pos >= lens[:, None]],
-        is_valid=torch.arange(max_len, device=device)[None, :] < lens[:, None],
+        stale=torch.cat([head, tail]),
+        is_valid=(gathered < rel_lens[:, None]) & (gathered >= rel_starts[:, None]),
         max_len=max_len,
     )
+
+
+def _soft_capped_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    is_visible: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float,
+) -> torch.Tensor:
+    """softmax(cap * tanh(q k^T * scale / cap), masked) v, as transformers' eager attention."""
+    # q: [..., rows, head_dim]; keys, values: [..., keys, head_dim]; is_visible broadcasts to
+    # [..., rows, keys]
+    scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    scores = scores.masked_fill(~is_visible, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), values)
 
 
 def _decode_padded(
@@ -223,6 +277,7 @@ def _decode_padded(
     group: _DecodeGroup,
     scale: float,
     query_group_size: int,
+    logits_soft_cap: float | None,
 ) -> torch.Tensor:
     """Decode attention of one planned group, every sequence padded to its longest."""
     num_seqs, num_heads, head_dim = query.shape
@@ -236,17 +291,19 @@ def _decode_padded(
         if group.past_end.numel():
             rows.index_fill_(0, group.past_end, 0.0)
         slots = rows.view(num_seqs * group.max_len, num_kv_heads * head_dim)
-        if group.tail.numel():
-            slots.index_fill_(0, group.tail, 0.0)
+        if group.stale.numel():
+            slots.index_fill_(0, group.stale, 0.0)
         return slots.view(num_seqs, group.max_len, num_kv_heads, head_dim).transpose(1, 2)
 
     keys, values = gather(key_cache), gather(value_cache)
     # q: [num_seqs, num_kv_heads, group, head_dim]: the query heads that share a kv head
     # attend to the same keys, so each kv head is one batched SDPA call over its group.
     q = query.float().reshape(num_seqs, num_kv_heads, query_group_size, head_dim)
-    out = F.scaled_dot_product_attention(
-        q, keys, values, attn_mask=group.is_valid[:, None, None, :], scale=scale
-    )
+    mask = group.is_valid[:, None, None, :]
+    if logits_soft_cap is not None:
+        out = _soft_capped_attention(q, keys, values, mask, scale, logits_soft_cap)
+    else:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
 
 
@@ -258,12 +315,15 @@ def paged_prefill_attention(
     cu_query_lens: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Single-token chunks take the batched decode path together; longer chunks loop per
-    sequence, one masked matmul per kv head."""
+    sequence, one masked matmul per kv head over the keys from the chunk's first window on."""
     shape = checks.check_prefill(
         query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
     )
+    checks.check_window_and_cap(sliding_window, logits_soft_cap)
     num_tokens, num_heads, head_dim = query.shape
     query_lens = cu_query_lens.diff()
     if int(cu_query_lens[0]) != 0 or int(cu_query_lens[-1]) != num_tokens:
@@ -289,7 +349,14 @@ def paged_prefill_attention(
         single = is_single.nonzero().squeeze(1)
         rows = cu_query_lens[:-1][single].long()
         out[rows] = paged_decode_attention(
-            query[rows], key_cache, value_cache, block_tables[single], context_lens[single], scale
+            query[rows],
+            key_cache,
+            value_cache,
+            block_tables[single],
+            context_lens[single],
+            scale,
+            sliding_window,
+            logits_soft_cap,
         )
     bounds = cu_query_lens.tolist()
     for seq, context_len in enumerate(context_lens.tolist()):
@@ -297,23 +364,31 @@ def paged_prefill_attention(
         query_len = end - start
         if query_len <= 1:
             continue
-        positions = torch.arange(context_len, device=query.device)
+        first_query_pos = context_len - query_len
+        # Keys before the chunk's first window are nobody's: they are not gathered.
+        first_key = max(0, first_query_pos - sliding_window + 1) if sliding_window else 0
+        positions = torch.arange(first_key, context_len, device=query.device)
+        num_keys = context_len - first_key
         keys, values = _gather_positions(
             key_cache, value_cache, block_tables[seq : seq + 1], positions[None, :]
         )
-        # keys, values: [context_len, num_kv_heads, head_dim]
+        # keys, values: [num_keys, num_kv_heads, head_dim]
         keys, values = keys[0], values[0]
         # q: [num_kv_heads, group * query_len, head_dim]: a group's heads share keys, so
         # they stack as rows of one matmul per kv head.
         q = query[start:end].float().reshape(query_len, num_kv_heads, group, head_dim)
         q = q.permute(1, 2, 0, 3).reshape(num_kv_heads, group * query_len, head_dim)
         scores = torch.matmul(q, keys.permute(1, 2, 0)) * scale
-        # scores: [num_kv_heads, group, query_len, context_len]
-        scores = scores.view(num_kv_heads, group, query_len, context_len)
-        query_positions = positions[context_len - query_len :]
-        is_future = positions[None, :] > query_positions[:, None]
-        scores.masked_fill_(is_future, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * query_len, context_len)
+        if logits_soft_cap is not None:
+            scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+        # scores: [num_kv_heads, group, query_len, num_keys]
+        scores = scores.view(num_kv_heads, group, query_len, num_keys)
+        query_positions = torch.arange(first_query_pos, context_len, device=query.device)
+        is_hidden = positions[None, :] > query_positions[:, None]
+        if sliding_window:
+            is_hidden |= positions[None, :] <= query_positions[:, None] - sliding_window
+        scores.masked_fill_(is_hidden, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * query_len, num_keys)
         # seq_out: [num_kv_heads, group * query_len, head_dim]
         seq_out = torch.matmul(probs, values.transpose(0, 1))
         seq_out = seq_out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3)

@@ -14,6 +14,12 @@ block_table[p // block_size] at offset p % block_size; entries past the blocks i
 ignored but must still be valid block ids. Attention math runs in float32 whatever the cache
 dtype; outputs have the query's dtype. Grouped-query attention: query head h reads kv head
 h // (num_heads // num_kv_heads).
+
+Per layer, attention may be windowed and soft-capped. With `sliding_window` W, the token at
+position p attends to positions max(0, p - W + 1)..p only (its W latest, itself included), so
+block table entries wholly before that are never read (they may name any valid block: a
+sequence whose blocks fell out of every window gives them back). With `logits_soft_cap` c, each
+scaled score s becomes c * tanh(s / c) before the softmax (Gemma 2).
 """
 
 from __future__ import annotations
@@ -35,11 +41,14 @@ class PagedAttention(Protocol):
         block_tables: torch.Tensor,  # [num_seqs, max_blocks_per_seq] int32
         context_lens: torch.Tensor,  # [num_seqs] int32, >= 1: the current token included
         scale: float,  # applied to q . k before the softmax
+        sliding_window: int | None = None,  # >= 1: attend to the latest W positions; None: all
+        logits_soft_cap: float | None = None,  # > 0: c * tanh(score / c); None: no cap
     ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
         """Attention of one new token per sequence over that sequence's paged cache.
 
         The token's key and value are already in the cache: it sits at position
-        context_len - 1 and attends to positions 0..context_len-1.
+        context_len - 1 and attends to positions 0..context_len-1 (the last sliding_window of
+        them with a window).
         """
         ...
 
@@ -52,13 +61,16 @@ class PagedAttention(Protocol):
         cu_query_lens: torch.Tensor,  # [num_seqs + 1] int32: prefix sums of the chunk lengths
         context_lens: torch.Tensor,  # [num_seqs] int32: cached prefix + chunk
         scale: float,  # applied to q . k before the softmax
+        sliding_window: int | None = None,  # >= 1: attend to the latest W positions; None: all
+        logits_soft_cap: float | None = None,  # > 0: c * tanh(score / c); None: no cap
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Causal attention of each sequence's chunk of new tokens over its paged cache.
 
         Sequence s contributes q_s = cu_query_lens[s+1] - cu_query_lens[s] query tokens (q_s may
         be 0), already written to the cache after a cached prefix of context_lens[s] - q_s
         tokens. Chunk token i sits at position context_lens[s] - q_s + i and attends to every
-        position up to its own. Decode is the case q_s = 1.
+        position up to its own (the last sliding_window of them with a window). Decode is the
+        case q_s = 1.
         """
         ...
 

@@ -6,13 +6,16 @@ softmax (running max m_i, running sum l_i) in float32. A tile of positions may s
 cache blocks, so the tile size does not depend on block_size. GQA: query head h reads kv
 head h // (num_heads // num_kv_heads).
 
+A sliding window W starts a program's loop at the first key its earliest row sees and masks
+each row's keys before its own window; the blocks before are never read. A soft cap c turns each
+scaled score s into c * tanh(s / c) before the softmax (WINDOW and SOFT_CAP are runtime values;
+HAS_WINDOW and HAS_SOFT_CAP compile them in only where used).
+
 The host wrappers implement signatures.PagedAttention and check metadata only; index values
 (slots, block ids, lengths) are trusted, so that launching never syncs with the device.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -20,11 +23,18 @@ import triton.language as tl
 
 from quire.kernels import checks
 
-# Softmax uses exp2; the scale is folded with log2(e) on the host.
-LOG2E = math.log2(math.e)
-
 # Decided once, when the kernels are decorated: TRITON_INTERPRET=1 runs them on CPU tensors.
 IS_INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _soft_cap_log2(scores, scale, soft_cap, HAS_SOFT_CAP: tl.constexpr):
+    # q . k -> the base-2 logits the softmax takes: scale, soft-cap c * tanh(s / c), * log2(e).
+    # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both ends (exp overflows to inf, or is 0).
+    scores = scores * scale
+    if HAS_SOFT_CAP:
+        scores = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * scores / soft_cap) + 1.0))
+    return scores * 1.4426950408889634
 
 
 @triton.jit
@@ -35,7 +45,9 @@ def _paged_decode_attention_kernel(
     value_cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
-    scale_log2e,
+    scale,
+    window,
+    soft_cap,
     stride_out_seq,
     stride_out_head,
     stride_out_dim,
@@ -56,6 +68,8 @@ def _paged_decode_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     TILE_N: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
 ):
     # One program per (sequence, query head); the query is a single row, so scores are a
     # broadcast multiply + row sum rather than a tl.dot (which needs >= 16 rows).
@@ -72,7 +86,10 @@ def _paged_decode_attention_kernel(
     m_i = -float("inf")
     l_i = 0.0
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
-    for start_n in range(0, context_len, TILE_N):
+    first_key = 0
+    if HAS_WINDOW:
+        first_key = tl.maximum(context_len - window, 0)
+    for start_n in range(first_key, context_len, TILE_N):
         offs_n = start_n + tl.arange(0, TILE_N)
         is_valid = offs_n < context_len
         # block_ids: [TILE_N], the physical block of each position in the tile.
@@ -92,7 +109,7 @@ def _paged_decode_attention_kernel(
             mask=is_valid[:, None],
             other=0.0,
         ).to(tl.float32)
-        scores = tl.sum(k * q[None, :], axis=1) * scale_log2e
+        scores = _soft_cap_log2(tl.sum(k * q[None, :], axis=1), scale, soft_cap, HAS_SOFT_CAP)
         scores = tl.where(is_valid, scores, -float("inf"))
         # Every tile holds at least one valid position, so m_new is finite.
         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
@@ -146,7 +163,9 @@ def _paged_prefill_attention_kernel(
     block_tables_ptr,
     cu_query_lens_ptr,
     context_lens_ptr,
-    scale_log2e,
+    scale,
+    window,
+    soft_cap,
     num_seqs,
     stride_out_token,
     stride_out_head,
@@ -170,6 +189,8 @@ def _paged_prefill_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SOFT_CAP: tl.constexpr,
 ):
     # One program per (query tile of BLOCK_M chunk tokens of one sequence, query head).
     tile = tl.program_id(0)
@@ -205,8 +226,12 @@ def _paged_prefill_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # Keys past the tile's last row are in every row's future; stop there.
     kv_end = tl.minimum(context_len, prefix_len + tile_start + BLOCK_M)
+    # Keys before the first row's window are in no row's window; start there.
+    kv_start = 0
+    if HAS_WINDOW:
+        kv_start = tl.maximum(prefix_len + tile_start - window + 1, 0)
     bt_row_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
-    for start_n in range(0, kv_end, BLOCK_N):
+    for start_n in range(kv_start, kv_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         is_key = offs_n < kv_end
         block_ids = tl.load(
@@ -224,14 +249,18 @@ def _paged_prefill_attention_kernel(
             other=0.0,
         )
         # scores: [BLOCK_M, BLOCK_N]
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2e
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        scores = _soft_cap_log2(scores, scale, soft_cap, HAS_SOFT_CAP)
         is_visible = is_key[None, :] & (offs_n[None, :] <= query_positions[:, None])
+        if HAS_WINDOW:
+            is_visible = is_visible & (offs_n[None, :] > query_positions[:, None] - window)
         scores = tl.where(is_visible, scores, -float("inf"))
-        # Position 0 is visible to every row (padding rows included), so after the first
-        # tile m_i is finite and exp2(m_i - m_new) never sees -inf - -inf.
+        # A row may see nothing yet (a window starting in a later tile, a padding row): its
+        # max stays -inf, so subtract 0 instead and let exp2(-inf) be 0 (never -inf - -inf).
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(scores - m_safe[:, None])
         v = tl.load(
             value_cache_ptr
             + block_ids[:, None] * stride_vc_block
@@ -245,7 +274,8 @@ def _paged_prefill_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    out = acc / l_i[:, None]
+    # Padding rows may have seen nothing (l_i = 0); their stores are masked.
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
         out_ptr
         + tokens[:, None] * stride_out_token
@@ -293,10 +323,13 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """One program per (sequence, query head). Needs head_dim a power of two in [16, 256] and
     a contiguous context_lens."""
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
+    checks.check_window_and_cap(sliding_window, logits_soft_cap)
     _check_triton(shape, query)
     checks.check_contiguous(context_lens=context_lens)
     # out: [num_seqs, num_heads, head_dim]
@@ -311,7 +344,9 @@ def paged_decode_attention(
         value_cache,
         block_tables,
         context_lens,
-        float(scale) * LOG2E,
+        float(scale),
+        sliding_window or 0,
+        float(logits_soft_cap or 0.0),
         *out.stride(),
         *query.stride(),
         *key_cache.stride(),
@@ -321,6 +356,8 @@ def paged_decode_attention(
         BLOCK_SIZE=shape.cache.block_size,
         HEAD_DIM=shape.cache.head_dim,
         TILE_N=_decode_tile(shape.cache.head_dim),
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SOFT_CAP=logits_soft_cap is not None,
         num_warps=8,
     )
     return out
@@ -334,12 +371,15 @@ def paged_prefill_attention(
     cu_query_lens: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """One program per (query tile, query head), each finding its sequence on the device.
     Needs head_dim a power of two in [16, 256], contiguous cu_query_lens and context_lens."""
     shape = checks.check_prefill(
         query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
     )
+    checks.check_window_and_cap(sliding_window, logits_soft_cap)
     _check_triton(shape, query)
     checks.check_contiguous(cu_query_lens=cu_query_lens, context_lens=context_lens)
     # out: [num_tokens, num_heads, head_dim]
@@ -359,7 +399,9 @@ def paged_prefill_attention(
         block_tables,
         cu_query_lens,
         context_lens,
-        float(scale) * LOG2E,
+        float(scale),
+        sliding_window or 0,
+        float(logits_soft_cap or 0.0),
         shape.num_seqs,
         *out.stride(),
         *query.stride(),
@@ -372,6 +414,8 @@ def paged_prefill_attention(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         DOT_PRECISION=_dot_precision(query.dtype),
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SOFT_CAP=logits_soft_cap is not None,
         num_warps=num_warps,
         num_stages=2,
     )

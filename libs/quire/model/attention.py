@@ -8,7 +8,9 @@ import torch
 
 import quire.kernels as kernels
 
-KVCache = tuple[torch.Tensor, torch.Tensor]  # key, value: [num_blocks, block_size, kv_heads, D]
+# One layer's cache planes, each [num_blocks, block_size, heads, D]: (key, value) with
+# kv_heads, or an MLA layer's one latent (one head of kv_lora_rank + qk_rope_head_dim).
+KVCache = tuple[torch.Tensor, ...]
 
 
 @dataclass
@@ -20,25 +22,42 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # [num_seqs] int32: tokens in cache after this step's write
     cu_query_lens: torch.Tensor  # [num_seqs + 1] int32: prefix sums of per-seq new tokens
     is_decode_only: bool  # every sequence runs exactly one token
-    _decode_plan: kernels.reference.DecodePlan | None = field(default=None, repr=False)
-    _planned: bool = field(default=False, repr=False)
+    # sliding window (None: global) -> its layers' decode plan
+    _decode_plans: dict[int | None, kernels.reference.DecodePlan | None] = field(
+        default_factory=dict, repr=False
+    )
 
-    def decode_plan(self, key_cache: torch.Tensor) -> kernels.reference.DecodePlan | None:
-        """The decode gathers every layer shares, planned on the first layer's call."""
-        if not self._planned:
-            self._decode_plan = kernels.plan_decode(self.block_tables, self.context_lens, key_cache)
-            self._planned = True
-        return self._decode_plan
+    def decode_plan(
+        self, key_cache: torch.Tensor, sliding_window: int | None = None
+    ) -> kernels.reference.DecodePlan | None:
+        """The decode gathers every layer with this window shares, planned on the first such
+        layer's call."""
+        if sliding_window not in self._decode_plans:
+            self._decode_plans[sliding_window] = kernels.plan_decode(
+                self.block_tables, self.context_lens, key_cache, sliding_window
+            )
+        return self._decode_plans[sliding_window]
 
 
 class PagedAttention:
-    """Writes this step's K/V through the slot mapping, then attends over the cache."""
+    """Writes this step's K/V through the slot mapping, then attends over the cache (one
+    layer's: its window and soft cap are its own)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,  # attend to the latest W positions; None: all
+        logits_soft_cap: float | None = None,  # scores -> cap * tanh(score / cap); None: none
+    ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
 
     def __call__(
         self,
@@ -60,7 +79,9 @@ class PagedAttention:
                 meta.block_tables,
                 meta.context_lens,
                 self.scale,
-                meta.decode_plan(key_cache),
+                self.sliding_window,
+                self.logits_soft_cap,
+                plan=meta.decode_plan(key_cache, self.sliding_window),
             )
         return kernels.paged_prefill_attention(
             q,
@@ -70,4 +91,6 @@ class PagedAttention:
             meta.cu_query_lens,
             meta.context_lens,
             self.scale,
+            self.sliding_window,
+            self.logits_soft_cap,
         )

@@ -23,6 +23,12 @@
 // Tiles are spread over torch's intra-op threads (at::parallel_for), longest first, each
 // thread taking the next tile when it finishes one, so sequences of very different lengths
 // still balance. Index values (block ids, lengths) are checked before any tile runs.
+//
+// A sliding window W (window > 0) makes a row at position p see keys p - W + 1 .. p only: a
+// tile starts at the block holding its first row's first key, so the blocks before it are
+// never read (the block table may name any block there), and a row's keys before its window
+// get weight 0. A soft cap c (soft_cap > 0) turns each scaled score s into c * tanh(s / c)
+// before the softmax.
 
 #include <ATen/Parallel.h>
 #if defined(__AVX512F__)
@@ -44,6 +50,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -112,21 +119,40 @@ struct Problem {
   int64_t table_stride;
   int num_heads, group_size, head_dim, block_size;
   float scale;
+  int window;  // > 0: a row at position p sees keys p - window + 1 .. p; 0: all before it
+  float soft_cap;  // > 0: scores become soft_cap * tanh(score / soft_cap); 0: no cap
 };
 
 // Rows num_tokens * group_size of one sequence and one kv head: chunk tokens
 // first_token .. first_token + num_tokens - 1 (rows into query/out), the first of them at
 // position first_pos. Row i * group_size + g is query head kv_head * group_size + g of
-// token i, and sees keys at positions 0 .. first_pos + i.
+// token i, and sees keys at positions first_key(i) .. first_pos + i, where first_key(i) is 0
+// or, with a window, the first position in token i's window; first_key is row 0's.
 struct Tile {
   int seq;
   int kv_head;
   int64_t first_token;
   int num_tokens;
   int first_pos;
+  int first_key;
 
-  int64_t cost() const { return static_cast<int64_t>(first_pos + num_tokens) * num_tokens; }
+  int64_t cost() const {
+    return static_cast<int64_t>(first_pos + num_tokens - first_key) * num_tokens;
+  }
 };
+
+// The first key position a row at `pos` sees: 0, or the start of its window.
+inline int first_key_of(int pos, int window) { return window > 0 ? std::max(0, pos - window + 1) : 0; }
+
+// scores[row * stride + t] = cap * tanh(scores[row * stride + t] / cap), t < num_keys.
+inline void soft_cap_scores(float* scores, int num_rows, int64_t stride, int num_keys,
+                            float cap) {
+  const float inv_cap = 1.0f / cap;
+  for (int row = 0; row < num_rows; ++row) {
+    float* r = scores + row * stride;
+    for (int t = 0; t < num_keys; ++t) r[t] = cap * std::tanh(r[t] * inv_cap);
+  }
+}
 
 // A thread's working memory, reused for every tile it runs: room for max_rows rows, which is
 // kMaxTileRows or, if larger, one token's group_size rows.
@@ -366,17 +392,19 @@ void score_block_transposed(const float* q, int num_rows, const float* keys_t, f
 }
 
 // Turns a row's scores for one block into weights exp(score - new_max) in place and returns
-// (new_max, sum of the weights), new_max = max(old_max, the block's scores). Only the first
-// num_seen scores count; the weights past them are 0. With a compile-time block size the
+// (new_max, sum of the weights), new_max = max(old_max, the block's scores). Only the scores
+// first_seen .. num_seen - 1 count; the weights outside them are 0. With a compile-time block size the
 // loops run the full width and reduce in trees, which the compiler vectorizes (a loop that
 // stops at num_seen, or a `simd reduction`, comes out scalar).
 template <int kBlockSize>
 [[gnu::always_inline]] inline std::pair<float, float> softmax_weights(float* weights,
+                                                                      int first_seen,
                                                                       int num_seen,
                                                                       float old_max) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   if constexpr (kBlockSize > 0) {
     static_assert((kBlockSize & (kBlockSize - 1)) == 0, "block size must be a power of two");
+    for (int t = 0; t < first_seen; ++t) weights[t] = kNegInf;
     for (int t = num_seen; t < kBlockSize; ++t) weights[t] = kNegInf;
     float lanes[kBlockSize];
     std::memcpy(lanes, weights, sizeof(lanes));
@@ -386,6 +414,7 @@ template <int kBlockSize>
     const float new_max = std::max(old_max, lanes[0]);
 #pragma omp simd
     for (int t = 0; t < kBlockSize; ++t) weights[t] = exp_nonpositive(weights[t] - new_max);
+    for (int t = 0; t < first_seen; ++t) weights[t] = 0.0f;
     for (int t = num_seen; t < kBlockSize; ++t) weights[t] = 0.0f;
     std::memcpy(lanes, weights, sizeof(lanes));
     for (int width = kBlockSize / 2; width > 0; width /= 2) {
@@ -394,9 +423,10 @@ template <int kBlockSize>
     return {new_max, lanes[0]};
   } else {
     float new_max = old_max;
-    for (int t = 0; t < num_seen; ++t) new_max = std::max(new_max, weights[t]);
+    for (int t = first_seen; t < num_seen; ++t) new_max = std::max(new_max, weights[t]);
     float sum = 0.0f;
-    for (int t = 0; t < num_seen; ++t) {
+    for (int t = 0; t < first_seen; ++t) weights[t] = 0.0f;
+    for (int t = first_seen; t < num_seen; ++t) {
       weights[t] = exp_nonpositive(weights[t] - new_max);
       sum += weights[t];
     }
@@ -590,9 +620,15 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
   constexpr int kChunks = kHeadDim / 16;
   constexpr bool kBf16Dot = std::is_same_v<scalar_t, c10::BFloat16> && kHeadDim % 32 == 0;
   const int group = p.group_size;
-  const int num_keys = tile.first_pos + 1;
+  // Keys are read from the block holding the window's first key (block 0 without a window):
+  // relative position t is position base + t; the first `head` of them are before the window.
+  const int first_block = tile.first_key / 16;
+  const int base = first_block * 16;
+  const int head = tile.first_key - base;
+  const int num_keys = tile.first_pos + 1 - base;
   const int num_blocks = (num_keys + 15) / 16;
-  const int64_t padded = static_cast<int64_t>(num_blocks) * 16;
+  // A row's softmax past its head may write zeros up to 16 slots past its padded width.
+  const int64_t padded = static_cast<int64_t>(num_blocks) * 16 + 16;
   if (s.context_scores.size() < static_cast<size_t>(group * padded)) {
     s.context_scores.resize(static_cast<size_t>(group * padded));
   }
@@ -608,7 +644,7 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
     }
   }
   const bool bf16_dot = kBf16Dot && can_use_avx512_bf16();
-  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
+  const int32_t* table = p.block_tables + tile.seq * p.table_stride + first_block;
   const int64_t head_offset = tile.kv_head * p.cache_head_stride;
 
   // 1. scores, keys read in place
@@ -633,8 +669,15 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
                                              num_valid, scores + block_start, padded);
   }
 
-  // 2. softmax weights, unnormalized; each row's sum kept for the end
-  for (int g = 0; g < group; ++g) s.row_sum[g] = softmax_in_place16(scores + g * padded, num_keys);
+  if (p.soft_cap > 0.0f) soft_cap_scores(scores, group, padded, num_keys, p.soft_cap);
+
+  // 2. softmax weights, unnormalized; each row's sum kept for the end; keys before the
+  // window weigh 0
+  for (int g = 0; g < group; ++g) {
+    float* row = scores + g * padded;
+    s.row_sum[g] = softmax_in_place16(row + head, num_keys - head);
+    std::fill_n(row, head, 0.0f);
+  }
 
   // 3. weighted values, four rows and four chunks (64 channels) at a time
   constexpr int kChunkStep = kChunks < 4 ? kChunks : 4;
@@ -698,7 +741,9 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
 
   const int32_t* table = p.block_tables + tile.seq * p.table_stride;
   const int num_keys = tile.first_pos + tile.num_tokens;  // what the tile's last row sees
-  for (int block_start = 0, b = 0; block_start < num_keys; block_start += block_size, ++b) {
+  const int first_block = tile.first_key / block_size;  // where row 0's keys start
+  for (int b = first_block, block_start = first_block * block_size; block_start < num_keys;
+       block_start += block_size, ++b) {
     // Only slots t < num_valid are ever read: past the context they may hold anything.
     const int num_valid = std::min(block_size, num_keys - block_start);
     const int64_t offset = table[b] * p.cache_block_stride + tile.kv_head * p.cache_head_stride;
@@ -771,17 +816,24 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
       }
     }
 
+    if (p.soft_cap > 0.0f) {
+      soft_cap_scores(s.scores.data(), num_rows, block_size, num_valid, p.soft_cap);
+    }
+
     // 2. and 3. per row: online softmax update, then the weighted values
     for (int i = 0; i < tile.num_tokens; ++i) {
-      // Causal: token i sees this block's slots up to its own position.
-      const int num_seen = std::min(num_valid, tile.first_pos + i + 1 - block_start);
-      if (num_seen <= 0) continue;
+      // Causal: token i sees this block's slots up to its own position, and from the first
+      // of its window.
+      const int pos = tile.first_pos + i;
+      const int num_seen = std::min(num_valid, pos + 1 - block_start);
+      const int first_seen = std::max(0, first_key_of(pos, p.window) - block_start);
+      if (num_seen <= first_seen) continue;
       for (int g = 0; g < group; ++g) {
         const int row = i * group + g;
         float* weights = s.scores.data() + static_cast<int64_t>(row) * block_size;
         const float old_max = s.row_max[row];
         const auto [new_max, block_sum] =
-            softmax_weights<kBlockSize>(weights, num_seen, old_max);
+            softmax_weights<kBlockSize>(weights, first_seen, num_seen, old_max);
         // 1 when the max stays; ~1e-38 on the first block (old_max = -inf), where the
         // accumulator and the sum are still 0.
         const float rescale = exp_nonpositive(old_max - new_max);
@@ -899,7 +951,7 @@ void check_context_len(int64_t context_len, int64_t min_len, const char* min_len
 template <typename scalar_t>
 Problem<scalar_t> make_problem(const at::Tensor& query, const at::Tensor& key_cache,
                                const at::Tensor& value_cache, const at::Tensor& block_tables,
-                               at::Tensor& out, double scale) {
+                               at::Tensor& out, double scale, int window, double soft_cap) {
   return Problem<scalar_t>{
       query.data_ptr<scalar_t>(),
       key_cache.data_ptr<scalar_t>(),
@@ -917,29 +969,31 @@ Problem<scalar_t> make_problem(const at::Tensor& query, const at::Tensor& key_ca
       static_cast<int>(query.size(2)),
       static_cast<int>(key_cache.size(1)),
       static_cast<float>(scale),
+      window,
+      static_cast<float>(soft_cap),
   };
 }
 
 at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
                const at::Tensor& value_cache, const at::Tensor& block_tables,
-               std::vector<Tile>& tiles, double scale) {
+               std::vector<Tile>& tiles, double scale, int window, double soft_cap) {
   at::Tensor out = at::empty(query.sizes(), query.options());
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& a, const Tile& b) { return a.cost() > b.cost(); });
   if (tiles.empty()) return out;
   switch (query.scalar_type()) {
     case at::kFloat:
-      run_for_shape(make_problem<float>(query, key_cache, value_cache, block_tables, out, scale),
+      run_for_shape(make_problem<float>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap),
                     tiles);
       break;
     case at::kBFloat16:
       run_for_shape(
-          make_problem<c10::BFloat16>(query, key_cache, value_cache, block_tables, out, scale),
+          make_problem<c10::BFloat16>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap),
           tiles);
       break;
     case at::kHalf:
       run_for_shape(
-          make_problem<c10::Half>(query, key_cache, value_cache, block_tables, out, scale), tiles);
+          make_problem<c10::Half>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap), tiles);
       break;
     default:
       TORCH_CHECK_VALUE(false, "the C++ kernels take float32, bfloat16 or float16, got ",
@@ -948,13 +1002,27 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
   return out;
 }
 
+// sliding_window >= 1 or none; logits_soft_cap > 0 or none (the Python wrappers check both).
+std::pair<int, double> window_and_cap(std::optional<int64_t> sliding_window,
+                                      std::optional<double> logits_soft_cap) {
+  TORCH_CHECK_VALUE(!sliding_window || (*sliding_window >= 1 && *sliding_window <= INT32_MAX),
+                    "sliding_window must be none or in [1, 2^31)");
+  TORCH_CHECK_VALUE(!logits_soft_cap || *logits_soft_cap > 0.0,
+                    "logits_soft_cap must be none or > 0");
+  return {sliding_window ? static_cast<int>(*sliding_window) : 0,
+          logits_soft_cap ? *logits_soft_cap : 0.0};
+}
+
 }  // namespace
 
 // query: [num_seqs, num_heads, head_dim]; context_lens: [num_seqs] int32, including the
 // current token, whose key and value are already in the cache at position context_len - 1.
 at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key_cache,
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& context_lens, double scale) {
+                                  const at::Tensor& context_lens, double scale,
+                                  std::optional<int64_t> sliding_window,
+                                  std::optional<double> logits_soft_cap) {
+  const auto [window, soft_cap] = window_and_cap(sliding_window, logits_soft_cap);
   check_layout(query, key_cache, value_cache, block_tables);
   const at::Tensor lens = context_lens.contiguous();
   TORCH_CHECK_VALUE(lens.scalar_type() == at::kInt && lens.dim() == 1 &&
@@ -968,10 +1036,11 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   for (int seq = 0; seq < query.size(0); ++seq) {
     check_context_len(len[seq], 1, "1", block_tables.size(1), key_cache.size(1));
     for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
-      tiles.push_back(Tile{seq, kv_head, seq, 1, len[seq] - 1});
+      tiles.push_back(
+          Tile{seq, kv_head, seq, 1, len[seq] - 1, first_key_of(len[seq] - 1, window)});
     }
   }
-  return run(query, key_cache, value_cache, block_tables, tiles, scale);
+  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap);
 }
 
 // query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back;
@@ -979,7 +1048,10 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
 at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& key_cache,
                                    const at::Tensor& value_cache, const at::Tensor& block_tables,
                                    const at::Tensor& cu_query_lens,
-                                   const at::Tensor& context_lens, double scale) {
+                                   const at::Tensor& context_lens, double scale,
+                                   std::optional<int64_t> sliding_window,
+                                   std::optional<double> logits_soft_cap) {
+  const auto [window, soft_cap] = window_and_cap(sliding_window, logits_soft_cap);
   check_layout(query, key_cache, value_cache, block_tables);
   const at::Tensor lens = context_lens.contiguous();
   const at::Tensor cu = cu_query_lens.contiguous();
@@ -1007,21 +1079,23 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
     for (int start = 0; start < query_len; start += tokens_per_tile) {
       const int num_tokens = std::min(tokens_per_tile, query_len - start);
       for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
-        tiles.push_back(
-            Tile{seq, kv_head, bounds[seq] + start, num_tokens, prefix_len + start});
+        tiles.push_back(Tile{seq, kv_head, bounds[seq] + start, num_tokens, prefix_len + start,
+                             first_key_of(prefix_len + start, window)});
       }
     }
   }
-  return run(query, key_cache, value_cache, block_tables, tiles, scale);
+  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap);
 }
 
 TORCH_LIBRARY(quire_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
-      "Tensor block_tables, Tensor context_lens, float scale) -> Tensor");
+      "Tensor block_tables, Tensor context_lens, float scale, int? sliding_window=None, "
+      "float? logits_soft_cap=None) -> Tensor");
   m.def(
       "paged_prefill_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
-      "Tensor block_tables, Tensor cu_query_lens, Tensor context_lens, float scale) -> Tensor");
+      "Tensor block_tables, Tensor cu_query_lens, Tensor context_lens, float scale, "
+      "int? sliding_window=None, float? logits_soft_cap=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quire_cpu, CPU, m) {
