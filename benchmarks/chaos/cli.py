@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import benchmarks.chaos
+from benchmarks.chaos import migration
 from benchmarks.chaos.faults import FAULTS
 from benchmarks.chaos.pressure import overload, soak
 from benchmarks.chaos.stack import QUICK, REPO, Plan, make_config, with_stack
@@ -19,12 +20,15 @@ RESULTS = REPO / "bench" / "results" / "chaos.json"
 
 
 def failures(results: dict[str, Any]) -> list[str]:
-    """Every fault (and the soak) with hung, lost or leaked blocks."""
+    """Every fault (and the soak) with hung, lost or leaked blocks; every migration fault
+    with a client-visible error, a duplicated or missing token, or no migration at all."""
     bad = []
     for name, r in {**results.get("faults", {}), "soak": results.get("soak", {})}.items():
         for key in ("hung", "lost", "blocks_leaked"):
             if r.get(key, 0) != 0:
                 bad.append(f"{name}: {key}={r[key]}")
+        if name in migration.MIGRATION_FAULTS:
+            bad += [f"{name}: {problem}" for problem in migration.failures(r)]
     return bad
 
 
@@ -40,6 +44,17 @@ async def run_all(plan: Plan, work_dir: Path, only: list[str] | None = None) -> 
             work_dir / name,
             lambda s, f=fault: f(s, plan),  # type: ignore[misc]
         )
+        print(json.dumps(results["faults"][name]), flush=True)
+    for seed, (name, inject) in enumerate(migration.MIGRATION_FAULTS.items()):
+        if only and name not in only:
+            continue
+        print(f"fault {name} ...", flush=True)
+        with migration.executor_env(**migration.migration_env(name)):
+            results["faults"][name] = await with_stack(
+                make_config(),
+                work_dir / name,
+                lambda s, i=inject, k=seed: migration.run_fault(s, plan, i, k),  # type: ignore[misc]
+            )
         print(json.dumps(results["faults"][name]), flush=True)
     if not only or "soak" in only:
         print("soak ...", flush=True)

@@ -65,6 +65,7 @@ class Plan:
     soak_requests: int = 400
     overload_s: float = 10.0
     unloaded_samples: int = 50  # sequential requests whose TTFT p99 is the unloaded reference
+    fault_rounds: int = 3  # a migration fault strikes this many times, each after before_s
 
 
 QUICK = Plan(
@@ -74,6 +75,7 @@ QUICK = Plan(
     soak_requests=60,
     overload_s=4.0,
     unloaded_samples=12,
+    fault_rounds=1,
 )
 
 

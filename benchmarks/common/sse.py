@@ -73,6 +73,9 @@ class StreamRecord:
     end: float | None = None  # when the stream ended (or failed)
     texts: dict[int, str] = field(default_factory=dict)  # choice index -> its text so far
     finish_reasons: dict[int, str] = field(default_factory=dict)  # choice index -> reason
+    # choice index -> tokens its chunks' logprobs listed (requests that ask for logprobs):
+    # completions' `logprobs.tokens`, chat's `logprobs.content`
+    num_tokens: dict[int, int] = field(default_factory=dict)
     usage: Usage | None = None
     num_events: int = 0  # JSON events other than error events
     num_text_chunks: int = 0
@@ -126,6 +129,10 @@ class StreamRecord:
                 has_text = True
             if choice.get("finish_reason"):
                 self.finish_reasons[index] = choice["finish_reason"]
+            logprobs = choice.get("logprobs")
+            if isinstance(logprobs, dict):
+                listed = logprobs.get("tokens", logprobs.get("content")) or ()
+                self.num_tokens[index] = self.num_tokens.get(index, 0) + len(listed)
         if has_text:
             if self._last_text_at is None:
                 self.ttft = now - self.start

@@ -24,18 +24,19 @@ async def stream(
     deadline_s: float | None = None,
     max_events: int | None = None,
     expect_done: bool = True,
+    headers: dict[str, str] | None = None,
 ) -> StreamRecord:
     """POST `body` (a streaming completions or chat request) to `url` and read its events.
 
     `deadline_s` bounds the whole request, headers to last event (`timed_out` then);
     `max_events` closes the connection after that many events, as a client that goes away
     mid-stream (`closed_early`); `expect_done=False` is for servers that end a stream
-    without `data: [DONE]`.
+    without `data: [DONE]`. `headers` go with the request (an x-request-id, say).
     """
     record = StreamRecord(start=time.perf_counter())
     try:
         async with asyncio.timeout(deadline_s):
-            await _read(client, url, body, record, max_events)
+            await _read(client, url, body, record, max_events, headers)
     except TimeoutError:
         record.timed_out = True
         record.fail(f"no end within {deadline_s} s")
@@ -52,8 +53,9 @@ async def _read(
     body: dict[str, Any],
     record: StreamRecord,
     max_events: int | None,
+    headers: dict[str, str] | None = None,
 ) -> None:
-    async with client.stream("POST", url, json=body) as resp:
+    async with client.stream("POST", url, json=body, headers=headers) as resp:
         record.executor = resp.headers.get("x-quire-executor", "")
         record.retry_after = resp.headers.get("retry-after")
         if resp.status_code != 200:

@@ -96,16 +96,17 @@ class StallDetector:
         return stalled
 
     def _observe(self, executor_id: str, record: ExecutorRecord | None, now: float) -> _Progress:
-        num_steps = None if record is None else record.load.num_steps
         progress = self._progress.get(executor_id)
         if progress is None:
+            num_steps = None if record is None else record.load.num_steps
             progress = self._progress[executor_id] = _Progress(num_steps, now)
-        elif num_steps != progress.num_steps or (
-            record is not None and record.waiting_for_memory_manager
+        elif record is not None and (
+            record.load.num_steps != progress.num_steps or record.waiting_for_memory_manager
         ):
             # A step finished (or the counter reset: a new incarnation), or the executor waits
-            # for its memory manager, which counts as alive.
-            progress.num_steps, progress.moved_at = num_steps, now
+            # for its memory manager, which counts as alive. A record that vanished is no
+            # progress: its counter is as it was last seen.
+            progress.num_steps, progress.moved_at = record.load.num_steps, now
         return progress
 
 

@@ -178,3 +178,19 @@ def test_a_refusal_keeps_its_status_body_and_message(body: str, error: str) -> N
     record.finish(1.0)
     assert record.status == 429 and record.body == body
     assert record.error == error and not record.ok
+
+
+def test_tokens_listed_by_logprobs_are_counted_per_choice() -> None:
+    record = StreamRecord(start=0.0, status=200)
+    lines = [
+        *event({"choices": [{"index": 0, "text": "ab", "logprobs": {"tokens": ["a", "b"]}}]}),
+        *event({"choices": [{"index": 1, "text": "c", "logprobs": {"tokens": ["c"]}}]}),
+        *event({"choices": [{"index": 0, "text": "", "logprobs": {"tokens": ["<eos>"]}}]}),
+        *event(
+            {"choices": [{"index": 0, "delta": {"content": "d"}, "logprobs": {"content": [{}]}}]}
+        ),
+        *completion("e"),  # no logprobs asked: nothing to count
+        "data: [DONE]",
+    ]
+    feed(record, lines)
+    assert record.num_tokens == {0: 4, 1: 1}

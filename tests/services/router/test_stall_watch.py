@@ -89,6 +89,17 @@ def test_a_gone_record_is_no_progress(detector: StallDetector, clock: Clock) -> 
     assert "no liveness record (heartbeat stopped)" in stalled["a"]
 
 
+def test_a_record_that_vanishes_is_no_step(detector: StallDetector, clock: Clock) -> None:
+    # Frozen: the heartbeat stops too, and the record expires a moment later.
+    since = clock.now
+    assert detector.stalled({"a": since}, redis_view(record("a", 12))) == {}
+    clock.now += 2.0
+    gone = ClusterView([], "redis", expired=("a",))
+    assert detector.stalled({"a": since}, gone) == {}
+    clock.now += STALL_S - 2.0
+    assert list(detector.stalled({"a": since}, gone)) == ["a"]
+
+
 def test_waiting_for_the_memory_manager_is_not_hung(detector: StallDetector, clock: Clock) -> None:
     since = clock.now
     waiting = redis_view(record("a", 7, waiting_for_memory_manager=True))
