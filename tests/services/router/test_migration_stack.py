@@ -7,8 +7,8 @@ same chunks, text, logprobs, tool calls, finish reasons and usage."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -55,7 +55,9 @@ class LosingServicer(ExecutorServicer):
         self, request: pb.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.GenerateResponse]:
         limit = None if request.HasField("continuation") else LosingServicer.lose_after
-        responses = super().Generate(request, context)
+        responses = cast(
+            AsyncGenerator[pb.GenerateResponse, None], super().Generate(request, context)
+        )
         try:
             num_sent = 0
             async for response in responses:
@@ -152,7 +154,7 @@ def assert_same(whole: Any, moved: Any) -> None:
 
 SEEDED = {"temperature": 1.0, "top_p": 0.9, "seed": 1234}
 GREEDY = {"temperature": 0}
-CASES = {
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "completions-greedy-stream": (
         "/v1/completions",
         {**GREEDY, "prompt": "The city of", "max_tokens": 12, "logprobs": 2, "stream": True},
