@@ -17,6 +17,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: docs-metrics promtool
 .PHONY: docs-config
 .PHONY: bench-preemption bench-pulls
+.PHONY: rolling-restart
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -45,7 +46,8 @@ help:
 	@echo "make compose-down  stop it"
 	@echo "make compose-test  check the compose stack: the model answers, streaming, routing, Prometheus"
 	@echo "make chaos-compose faults across containers -> bench/results/chaos-compose.json"
-	@echo "make chaos         fault injection, leak soak, overload -> bench/results/chaos.json"
+	@echo "make chaos         fault injection, migrations, leak soak, overload -> bench/results/chaos.json"
+	@echo "make rolling-restart  every executor restarted in turn under Locust -> bench/results/rolling-restart.json"
 	@echo "make peer-vllm     install vLLM's CPU backend into .venv-vllm/ (benchmark peer)"
 
 $(STAMP): pyproject.toml
@@ -264,10 +266,18 @@ clean:
 bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.serving $(BENCH_SERVING_ARGS)
 
-# Fault injection (kill/restart each process under load), a KV-leak soak and overload, each on
-# its own fresh stack; writes bench/results/chaos.json, fails on any hung/lost request or leak.
+# Fault injection (kill/restart each process under load; executors killed, paused and drained
+# mid-stream, their streams migrated), a KV-leak soak and overload, each on its own fresh
+# stack; writes bench/results/chaos.json, fails on any hung/lost request, leak, client-visible
+# error of a migration fault or duplicated/missing token. CHAOS_ARGS: e.g. --only migrate_kill.
 chaos: model redis $(RPC_STAMP) $(CPU_KERNELS)
-	$(PY) -m benchmarks.chaos
+	$(PY) -m benchmarks.chaos $(CHAOS_ARGS)
+
+# A rolling restart of every executor (SIGTERM, drain, start again, one at a time) under Locust
+# on a local stack; bench/results/rolling-restart.json, fails on any failed request.
+# ROLLING_RESTART_ARGS: e.g. --drain-timeout-s 1 (streams outlive it and are migrated).
+rolling-restart: model data redis $(RPC_STAMP) $(CPU_KERNELS)
+	$(PY) -m benchmarks.chaos.rolling $(ROLLING_RESTART_ARGS)
 
 # Routing policies (prefix, round-robin, least-loaded, hash) on the local stack, a fresh stack per
 # policy, two ShareGPT workloads, then the simulation at 8 and 32 executors; JSON + PNGs in

@@ -8,6 +8,9 @@ buckets (completed, failed_clean, hung, lost, disconnected; see benchmarks/chaos
 - restart_memory_manager: `docker restart` the memory manager's container
 - pause_redis: `docker pause` Redis for `--pause-s` (10 s), then unpause
 - disconnect_executor: `docker network disconnect` executor-1, `--cut-s` later reconnect it
+- migrate_kill, migrate_pause, rolling_restart: executors lost mid-stream (`docker kill`,
+  `docker pause`, `docker restart` of each in turn) under a load whose every request is
+  checked token for token (benchmarks/chaos/compose_migration.py)
 
 For each: every request ends completed or with a clear error (none hung or lost), no KV block
 is left in use at the executors or the memory manager once idle, and routing leaves the
@@ -30,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.chaos import compose_migration
 from benchmarks.chaos.cli import failures
 from benchmarks.chaos.cluster import blocks_leaked, cluster_status
 from benchmarks.chaos.containers import EXECUTORS, NETWORK, container, manager_pools, run
@@ -282,12 +286,27 @@ async def fault_pause_pull_source(router: Router, plan: Plan) -> dict[str, Any]:
     )
 
 
+def migration_fault(name: str, seed: int) -> Callable[[Router, Plan], Awaitable[dict[str, Any]]]:
+    """One of benchmarks.chaos.compose_migration's faults, as a fault of this list."""
+
+    async def fault(router: Router, plan: Plan) -> dict[str, Any]:
+        return await compose_migration.migration_fault(
+            name, router.url, router.admin_url, plan.concurrency, MODEL, seed
+        )
+
+    return fault
+
+
 FAULTS: dict[str, Callable[[Router, Plan], Awaitable[dict[str, Any]]]] = {
     "kill_executor": fault_kill_executor,
     "restart_memory_manager": fault_restart_memory_manager,
     "pause_redis": fault_pause_redis,
     "disconnect_executor": fault_disconnect_executor,
     "pause_pull_source": fault_pause_pull_source,
+    **{
+        name: migration_fault(name, seed)
+        for seed, name in enumerate(compose_migration.STRIKES, start=10)
+    },
 }
 
 

@@ -24,9 +24,10 @@ import random
 import signal
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -172,21 +173,26 @@ async def references(url: str, model: str = "quire-tiny") -> dict[tuple[int, int
     return refs
 
 
-def migrations_by_request(log_path: Any, offset: int = 0) -> dict[str, int]:
-    """request id -> streams of it the router continued elsewhere, from its JSON log."""
+def count_migrations(lines: Iterable[bytes | str]) -> dict[str, int]:
+    """request id -> streams of it the router continued elsewhere, from its JSON log lines."""
     counts: dict[str, int] = {}
-    with open(log_path, "rb") as f:
-        f.seek(offset)
-        for line in f:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            event = str(entry.get("event", ""))
-            if event.startswith("executor lost") and "continued" in event:
-                rid = str(entry.get("request_id", ""))
-                counts[rid] = counts.get(rid, 0) + 1
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        event = str(entry.get("event", "")) if isinstance(entry, dict) else ""
+        if event.startswith("executor lost") and "continued" in event:
+            rid = str(entry.get("request_id", ""))
+            counts[rid] = counts.get(rid, 0) + 1
     return counts
+
+
+def migrations_by_request(log_path: Path, offset: int = 0) -> dict[str, int]:
+    """`count_migrations` of a router's log file from byte `offset`."""
+    with log_path.open("rb") as f:
+        f.seek(offset)
+        return count_migrations(f)
 
 
 def report(
@@ -255,31 +261,47 @@ def executor_env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-async def run_fault(
-    stack: Stack, plan: Plan, inject: Callable[[Stack], Awaitable[None]], seed: int
-) -> dict[str, Any]:
-    """References, then the load with `inject` striking `plan.fault_rounds` times (each once
-    the cluster is whole again), the load on a while, the figures."""
-    url = stack.config.router_url
-    refs = await references(url)
-    log_path = stack.log_path("router")
-    offset = log_path.stat().st_size
-    load = ContinuityLoad(url, plan.concurrency, seed)
+async def strike_under_load(
+    url: str,
+    plan: Plan,
+    strike: Callable[[], Awaitable[None]],
+    seed: int,
+    model: str = "quire-tiny",
+) -> tuple[list[Checked], dict[tuple[int, int], Checked], list[float]]:
+    """References, then the load with `strike` (a fault and the wait until the cluster is
+    whole again) `plan.fault_rounds` times, each after `plan.before_s`, then `plan.after_s`
+    more; what every request delivered, the references and each strike's seconds."""
+    refs = await references(url, model)
+    load = ContinuityLoad(url, plan.concurrency, seed, model)
     load.start()
-    recoveries: list[float] = []
+    seconds: list[float] = []
     try:
         for _ in range(plan.fault_rounds):
             await asyncio.sleep(plan.before_s)
             t_fault = time.monotonic()
-            await inject(stack)
-            await wait_healthy(stack.config.router_admin_url, stack.config.num_executors, 90.0)
-            recoveries.append(round(time.monotonic() - t_fault, 2))
+            await strike()
+            seconds.append(round(time.monotonic() - t_fault, 2))
         await asyncio.sleep(plan.after_s)
     finally:
         await load.finish()
-    result = report(load.checked, refs, migrations_by_request(log_path, offset))
+    return load.checked, refs, seconds
+
+
+async def run_fault(
+    stack: Stack, plan: Plan, inject: Callable[[Stack], Awaitable[None]], seed: int
+) -> dict[str, Any]:
+    """`inject` on a local stack under the continuity load; the figures."""
+    log_path = stack.log_path("router")
+    offset = log_path.stat().st_size
+
+    async def strike() -> None:
+        await inject(stack)
+        await wait_healthy(stack.config.router_admin_url, stack.config.num_executors, 90.0)
+
+    checked, refs, seconds = await strike_under_load(stack.config.router_url, plan, strike, seed)
+    result = report(checked, refs, migrations_by_request(log_path, offset))
     result["rounds"] = plan.fault_rounds
-    result["fault_to_healthy_s"] = recoveries
+    result["fault_to_healthy_s"] = seconds
     result["blocks_leaked"] = await blocks_leaked(stack.config.router_admin_url)
     return result
 
