@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -166,8 +166,9 @@ class Generation:
         try:
             while self.legs:
                 if len(self.legs) > 1:
-                    async for touched in self._merged_updates():
-                        yield touched
+                    async with contextlib.aclosing(self._merged_updates()) as merged:
+                        async for touched in merged:
+                            yield touched
                     break
                 leg = self.legs[0]  # one stream: read it here, no task or queue
                 try:
@@ -180,7 +181,7 @@ class Generation:
         finally:
             self.close()
 
-    async def _merged_updates(self) -> AsyncIterator[list[int]]:
+    async def _merged_updates(self) -> AsyncGenerator[list[int], None]:
         """`updates()` over several streams at once, each pumped by its own task."""
         queue: asyncio.Queue[tuple[Leg, Any]] = asyncio.Queue()
         done = object()
