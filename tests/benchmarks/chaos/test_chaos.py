@@ -7,12 +7,15 @@ in use once the cluster is idle.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.chaos import migration
 from benchmarks.chaos.faults import FAULTS
+from benchmarks.chaos.migration import MIGRATION_FAULTS
 from benchmarks.chaos.pressure import overload, soak
 from benchmarks.chaos.stack import Plan, make_config, with_stack
 
@@ -99,3 +102,21 @@ def test_overload_refuses_with_429_and_loses_nothing(tmp_path: Path) -> None:
     assert result["rejected_429"] > 0, result
     assert result["failed_clean"] == result["rejected_429"], result
     assert result["admission_bound"] == 4
+
+
+def test_a_paused_executor_is_given_up_and_its_streams_continue_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP mid-stream: the router's stall watch gives up on the executor (its bound cut to
+    1.5 s here) and every stream on it continues on the other, token for token."""
+    monkeypatch.setenv("QUIRE_EXECUTOR_STALL_S", "1.5")
+    plan = dataclasses.replace(PLAN, concurrency=4, fault_rounds=1)
+    result = asyncio.run(
+        with_stack(
+            make_config(),
+            tmp_path,
+            lambda s: migration.run_fault(s, plan, MIGRATION_FAULTS["migrate_pause"], seed=3),
+        )
+    )
+    assert migration.failures(result) == [], result
+    assert result["mismatched"] == 0 and result["blocks_leaked"] == 0, result
