@@ -109,7 +109,9 @@ class ExecutorServer:
             engine, self.metrics, on_step_error=on_step_error, request_ids=self.request_ids
         )
         self.loop.start()
-        self.servicer = ExecutorServicer(self.loop, identity, log_prompts=s.log_prompts)
+        self.servicer = ExecutorServicer(
+            self.loop, identity, log_prompts=s.log_prompts, role=s.role
+        )
         executor_pb2_grpc.add_ExecutorServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
@@ -175,6 +177,7 @@ class ExecutorServer:
             block_size=self.engine.config.block_size,
             hash_extra_key=self.engine.scheduler.config.extra_key,
             draining=self.servicer is not None and self.servicer.draining,
+            role=self.settings.role,
             waiting_for_memory_manager=alloc.is_recovering(self.engine.allocator),
         )
 

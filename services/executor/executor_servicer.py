@@ -30,6 +30,7 @@ from services.executor.engine_loop import (
     SinkEvent,
 )
 from services.executor.executor_logging import safe_request_id
+from services.executor.prefill_role import mark_handoffs, prefill_params
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
 
@@ -52,11 +53,16 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
     """Generate / Abort / GetStatus. Refuses new work once `draining` is set."""
 
     def __init__(
-        self, loop: EngineLoop, identity: ExecutorIdentity, log_prompts: bool = False
+        self,
+        loop: EngineLoop,
+        identity: ExecutorIdentity,
+        log_prompts: bool = False,
+        role: str = "both",
     ) -> None:
         self.loop = loop
         self.identity = identity
         self.log_prompts = log_prompts  # log prompt and output token ids (and output text)
+        self.role = role  # --role: "prefill" hands new requests on after their first token
         self.draining = False
         self.num_active_streams = 0
         self._streams_done = asyncio.Event()
@@ -96,11 +102,16 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
             with contextlib.suppress(RuntimeError):
                 event_loop.call_soon_threadsafe(events.put_nowait, event)
 
+        run_params = None
+        if self.role == "prefill" and continuation is None:
+            run_params = prefill_params(
+                params, len(prompt_token_ids), self.loop.engine.max_model_len
+            )
         self._open_stream()
         submitted = finished = False
         try:
             future = self.loop.add(
-                request_id, prompt_token_ids, params, sink, trace_id, continuation
+                request_id, prompt_token_ids, run_params or params, sink, trace_id, continuation
             )
             submitted = True
             try:
@@ -137,6 +148,8 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     return
                 assert isinstance(event, RequestDelta)
                 response = progress.response(event)
+                if run_params is not None:
+                    mark_handoffs(response)
                 finished = event.finished
                 if finished:
                     # Before the last yield: the caller may cancel the call once it has it.

@@ -60,6 +60,12 @@ class ExecutorSettings(BaseSettings):
         ge=0,
         description="check block-table checksums with the memory manager every N steps (0: never)",
     )
+    role: Literal["both", "prefill", "decode"] = Field(
+        default="both",
+        description="which phase of a request this executor takes: prefill runs a new "
+        "request's prompt and first token, then hands each output to a decode executor "
+        "(which pulls the prompt's blocks); both takes every phase",
+    )
     enable_pulls: bool = Field(
         default=True,
         description="copy an admitted prompt's blocks from the peer the memory manager "

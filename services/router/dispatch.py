@@ -220,8 +220,14 @@ class Dispatcher:
         if not self.admission.can_admit(num_requests, current_ticket.get()):
             raise self.too_many(self.admission.overall_full_message())
 
-    async def route(self, prompt_ids: Sequence[int], tried: set[str]) -> RoutingDecision:
-        """Choose an executor with a free admission slot by the policy, or raise 503/429."""
+    async def route(
+        self, prompt_ids: Sequence[int], tried: set[str], phase: str = "prefill"
+    ) -> RoutingDecision:
+        """Choose an executor with a free admission slot by the policy, or raise 503/429.
+
+        `phase` is "prefill" for a new request and "decode" for a continuation: executors
+        whose --role takes that phase are chosen from while any of them may be (otherwise
+        any executor, which serves the request whole)."""
         view = await self.directory.view()
         down = self.directory.down_executors()
         usable = [
@@ -231,6 +237,7 @@ class Dispatcher:
         ]
         if not usable:
             raise self.unavailable("no live executor can take the request")
+        usable = [r for r in usable if r.serves(phase)] or usable
         self.check_capacity(1)
         exclude = tried | down | self.admission.full_executors()
         agreement = self.hash_watch.agreement(view)
@@ -291,7 +298,8 @@ class Dispatcher:
         metadata = (("x-request-id", current_request_id() or request_id),)
         tried: set[str] = set(avoid)
         for attempt in range(self.max_retries + 1):
-            decision = await self.route(routed_ids, tried)
+            phase = "prefill" if continuation is None else "decode"
+            decision = await self.route(routed_ids, tried, phase)
             if not self.admission.try_acquire(decision.executor_id, current_ticket.get()):
                 raise self.too_many("the chosen executor filled up meanwhile; retry later")
             self.metrics.in_flight.inc()

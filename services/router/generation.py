@@ -20,7 +20,7 @@ import structlog
 from quire.engine.output_processor import SequenceText
 from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
-from services.common.wire.executor import delta_from_proto, params_to_proto
+from services.common.wire.executor import HANDOFF, delta_from_proto, params_to_proto
 from services.router.dispatch import Dispatcher, ExecutorStream, open_all
 from services.router.executor_lost import ExecutorLost
 from services.router.migration import Leg, Migrations
@@ -145,6 +145,9 @@ class Generation:
         for delta in request_delta.outputs:
             if delta.index not in leg.indices:
                 continue
+            if delta.finish_reason == HANDOFF:
+                leg.handed_off.add(delta.index)  # continued once this leg ends
+                delta = replace(delta, finish_reason=None)
             if run.outputs[delta.index].add(delta):
                 stopped.append(delta.index)
             touched.append(base + delta.index)
@@ -156,7 +159,7 @@ class Generation:
                 leg.stream.end_outputs(stopped)
         if response.finished:
             for j in leg.indices:
-                if not run.outputs[j].is_finished:
+                if not run.outputs[j].is_finished and j not in leg.handed_off:
                     run.outputs[j].finish_reason = "stop"
                     touched.append(base + j)
         return sorted(set(touched))
@@ -175,6 +178,7 @@ class Generation:
                     async for response in leg.stream.responses():
                         yield self._apply(leg, response)
                     self.legs.remove(leg)
+                    await self._hand_off(leg)
                 except ExecutorLost as lost:
                     await self._migrate(leg, lost)
             self._log_outputs()
@@ -200,6 +204,8 @@ class Generation:
                 leg, item = await queue.get()
                 if item is done:
                     self.legs.remove(leg)
+                    for new in await self._hand_off(leg):
+                        tasks[new] = asyncio.create_task(pump(new))
                 elif isinstance(item, ExecutorLost):
                     for new in await self._migrate(leg, item):
                         tasks[new] = asyncio.create_task(pump(new))
@@ -231,6 +237,22 @@ class Generation:
         self.legs.extend(new)
         return new
 
+    async def _hand_off(self, leg: Leg) -> list[Leg]:
+        """Continue the outputs a prefill executor handed on (the new legs)."""
+        run = self.runs[leg.run_index]
+        handed = {j: run.outputs[j] for j in sorted(leg.handed_off)}
+        # A stop string may have ended one at its first token.
+        unfinished = {j: output for j, output in handed.items() if not output.is_finished}
+        if not unfinished:
+            return []
+        assert self.migrations is not None, "a generation that may be handed on continues"
+        streams = await self.migrations.hand_off(
+            run.stream.request_id, run.prompt_token_ids, unfinished
+        )
+        new = [Leg(leg.run_index, s, (j,)) for s, j in zip(streams, unfinished, strict=True)]
+        self.legs.extend(new)
+        return new
+
     async def choice_updates(self) -> AsyncIterator[list[ChoiceUpdate]]:
         """Per executor response, the choices with something to send: text past the
         stop-string hold-back, new logprobs, or their finish (sent once)."""
@@ -245,6 +267,9 @@ class Generation:
                     finish = output.finish_reason
                     self._finish_sent.add(index)
                 if not text and finish is None and not logprobs:
+                    # Their text is held back (a stop string may start, or a character is
+                    # incomplete): the tokens go with the chunk that sends it.
+                    output.num_tokens_sent -= len(token_ids)
                     continue
                 prompt = None
                 if index not in self._first_sent:

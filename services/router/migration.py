@@ -12,7 +12,7 @@ stop strings, logprobs and tool-call state stay where they always were, in the r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -32,6 +32,8 @@ class Leg:
     run_index: int
     stream: ExecutorStream
     indices: tuple[int, ...]  # output indices among the prompt's n
+    # Outputs its (prefill) executor ran to their first token and handed on (HANDOFF).
+    handed_off: set[int] = field(default_factory=set)
 
     @property
     def is_continuation(self) -> bool:
@@ -71,23 +73,10 @@ class Migrations:
             )
             raise lost.api_error() from lost
         self.num_migrations += 1
-        opens = [
-            self.dispatcher.open(
-                f"{request_id}~m{self.num_migrations}.{index}",
-                prompt_ids,
-                self.params,
-                self.arrival,
-                executor_pb2.Continuation(
-                    output_index=index,
-                    token_ids=output.token_ids,
-                    cumulative_logprob=output.cumulative_logprob,
-                ),
-                avoid=(lost.executor_id,),
-            )
-            for index, output in outputs.items()
-        ]
         try:
-            streams = await open_all(opens)
+            streams = await self._continue(
+                f"{request_id}~m{self.num_migrations}", prompt_ids, outputs, (lost.executor_id,)
+            )
         except ApiError as error:
             metrics.labels(outcome="failed").inc()
             log.warning(
@@ -107,3 +96,41 @@ class Migrations:
             migration=self.num_migrations,
         )
         return streams
+
+    async def hand_off(
+        self, request_id: str, prompt_ids: list[int], outputs: Mapping[int, SequenceText]
+    ) -> list[ExecutorStream]:
+        """One continuation stream per output a prefill executor handed on (index -> its text
+        so far), on decode executors; not a migration (the request's bound is untouched).
+        `ApiError` when no executor takes one."""
+        metrics = self.dispatcher.metrics.handoffs
+        try:
+            streams = await self._continue(f"{request_id}~h", prompt_ids, outputs, ())
+        except ApiError:
+            metrics.labels(outcome="failed").inc(len(outputs))
+            raise
+        metrics.labels(outcome="continued").inc(len(outputs))
+        return streams
+
+    async def _continue(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        outputs: Mapping[int, SequenceText],
+        avoid: tuple[str, ...],
+    ) -> list[ExecutorStream]:
+        return await open_all(
+            self.dispatcher.open(
+                f"{request_id}.{index}",
+                prompt_ids,
+                self.params,
+                self.arrival,
+                executor_pb2.Continuation(
+                    output_index=index,
+                    token_ids=output.token_ids,
+                    cumulative_logprob=output.cumulative_logprob,
+                ),
+                avoid=avoid,
+            )
+            for index, output in outputs.items()
+        )

@@ -82,6 +82,14 @@ class RouterMetrics:
             ["outcome"],
             registry=r,
         )
+        self.handoffs = Counter(
+            "quire_router_handoffs",
+            "Outputs a prefill executor handed on after their first token (--role prefill), "
+            "by outcome: continued (a decode executor took the rest) or failed (none did: the "
+            "client's stream ends with an error event)",
+            ["outcome"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "quire_router_time_to_first_token_seconds",
             "From request arrival to the first generated token",

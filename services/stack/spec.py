@@ -75,6 +75,9 @@ class StackConfig:
     # meaningful when the executors pull
     router_routing_pulls: bool = True
     executor_dtype: str = "auto"  # the executors' dtype
+    # Executor i's --role is the i-th of these, comma separated ("prefill,decode"); empty:
+    # every executor takes both phases. Fewer roles than executors: the rest take both.
+    executor_roles: str = ""
     max_pending_per_executor: int = 256  # router admission: in-flight requests per executor
     max_pending_total: int = 1024  # router admission: in-flight requests overall
     redis_prefix: str = "quire"  # prefix of every Redis key the stack's services write
@@ -242,6 +245,9 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
             argv += ["--torch-threads", str(c.torch_threads)]
         if not c.executor_enable_pulls:
             argv += ["--no-enable-pulls"]
+        roles = [r.strip() for r in c.executor_roles.split(",") if r.strip()]
+        if i < len(roles):
+            argv += ["--role", roles[i]]
         if c.pin_executors:
             argv = ["taskset", "-c", str(i % (os.cpu_count() or 1)), *argv]
         if c.address_by_name:

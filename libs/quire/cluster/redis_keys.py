@@ -47,6 +47,9 @@ def prefix_key(prefix: str, executor_id: str, epoch: int) -> str:
     return f"{prefix}:prefix:{executor_id}:{epoch}"
 
 
+ROLES = ("both", "prefill", "decode")  # an executor's --role (ExecutorRecord.role)
+
+
 @dataclass(frozen=True)
 class ExecutorLoad:
     """An executor's load at one instant: the one record of it.
@@ -90,10 +93,17 @@ class ExecutorRecord:
     block_size: int | None = None  # tokens per KV block
     hash_extra_key: str | None = None  # extra key mixed into every block hash (model id)
     draining: bool = False  # finishing its work, taking no new requests
+    # Which phase of a request it takes (ROLES): "prefill" runs a new request's prompt and
+    # first token and hands each output on; "decode" takes those continuations; "both" all.
+    role: str = "both"
     # Its step waits for an unreachable memory manager (retrying): stalled on a dependency
     # that another executor of that manager would wait for too, so not hung.
     waiting_for_memory_manager: bool = False
     updated_at: float = 0.0  # unix time of this heartbeat
+
+    def serves(self, phase: str) -> bool:
+        """Whether it takes work of `phase` ("prefill": new requests, "decode": continuations)."""
+        return self.role in (phase, "both")
 
     def encode(self) -> bytes:
         return msgpack.packb(asdict(self))

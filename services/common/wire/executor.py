@@ -157,6 +157,11 @@ def aborted_response(
     )
 
 
+# CompletionDelta.finish_reason of an output a prefill executor (--role prefill) ran to its
+# first token and hands on: not an end, the router continues it on a decode executor.
+HANDOFF = "handoff"
+
+
 def delta_from_proto(request_id: str, msg: pb.GenerateResponse) -> RequestDelta:
     return RequestDelta(
         request_id=request_id,
