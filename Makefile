@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: peer-vllm data kernels-cpu kernels-check bench-routing gpu-kit
 .PHONY: docs-metrics promtool
 .PHONY: docs-config
-.PHONY: bench-preemption bench-pulls
+.PHONY: bench-preemption bench-pulls bench-disagg
 .PHONY: rolling-restart
 
 help:
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
 	@echo "make bench-preemption  preemption by swap vs recompute on a small KV pool -> bench/results/preemption.json"
 	@echo "make bench-pulls   a prefix pulled from a peer executor vs computed -> bench/results/pulls.json"
+	@echo "make bench-disagg  prefill/decode executor roles vs two that take both -> bench/results/disaggregation.json"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
 	@echo "make gpu-kit       what the GPU check carries: model config + tokenizer, ShareGPT requests"
 	@echo "make gpu-check     on a GPU machine's python3: kernel tests, decode bandwidth, end to end"
@@ -233,6 +234,10 @@ bench-preemption: model data $(CPU_KERNELS)
 # A real stack: prefixes pulled from the executor that computed them vs computed (BENCH_PULLS_ARGS).
 bench-pulls: model redis $(RPC_STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.pulls $(BENCH_PULLS_ARGS)
+
+# A real stack twice: executors prefill + decode vs both taking both phases (BENCH_DISAGG_ARGS).
+bench-disagg: model data redis $(RPC_STAMP) $(CPU_KERNELS)
+	$(PY) -m benchmarks.disaggregation $(BENCH_DISAGG_ARGS)
 
 bench-kernels: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.decode_attention
