@@ -82,6 +82,12 @@ class RouterMetrics:
             ["outcome"],
             registry=r,
         )
+        self.stalled_executors = Counter(
+            "quire_router_stalled_executors",
+            "Executors this router declared hung: a read waited on one for --executor-stall-s "
+            "while its liveness record showed no engine step (or was gone); its streams migrate",
+            registry=r,
+        )
         self.handoffs = Counter(
             "quire_router_handoffs",
             "Outputs a prefill executor handed on after their first token (--role prefill), "

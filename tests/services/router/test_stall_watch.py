@@ -152,4 +152,6 @@ def test_a_hung_executor_loses_its_waiting_call_to_another(cluster: Cluster) -> 
     assert hung in router.state.directory.down_executors()
     with router.admin() as admin:
         status = {e["id"]: e["healthy"] for e in admin.get("/cluster/status").json()["executors"]}
+        metrics = admin.get("/metrics").text
     assert status[hung] is False
+    assert "quire_router_stalled_executors_total 1.0" in metrics
