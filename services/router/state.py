@@ -11,7 +11,7 @@ from quire.cluster.placement import WorkingSets
 from quire.cluster.policies import make_policy
 from quire.cluster.recent import RecentRoutes
 from quire.cluster.routing import RoutingConfig
-from quire.model.model_config import ModelConfig
+from quire.model.checkpoint import load_model_config
 from services.router.admission.rate_limits import RateLimiter
 from services.router.admission.slots import Admission
 from services.router.directory import ExecutorDirectory
@@ -47,7 +47,7 @@ class RouterState:
     @classmethod
     def build(cls, settings: RouterSettings, metrics: RouterMetrics) -> RouterState:
         """Load the tokenizer and model config, wire the collaborators (no I/O to peers)."""
-        model_config = ModelConfig.from_pretrained(settings.model)
+        model_config = load_model_config(settings.model)
         max_model_len = min(
             settings.max_model_len or model_config.max_model_len, model_config.max_model_len
         )
@@ -107,12 +107,7 @@ class RouterState:
             rate_limiter=RateLimiter.from_settings(settings),
             clients=clients,
             dispatcher=dispatcher,
-            stall_watch=StallWatch(
-                StallDetector(settings.executor_stall_s),
-                dispatcher,
-                directory,
-                on_stalled=metrics.stalled_executors.inc,
-            ),
+            stall_watch=StallWatch(StallDetector(settings.executor_stall_s), dispatcher, directory),
             metrics=metrics,
             max_model_len=max_model_len,
         )

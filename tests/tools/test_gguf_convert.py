@@ -14,6 +14,7 @@ from quire_tools import gguf_convert
 from tokenizers import pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from quire.model import gguf_checkpoint
 from quire.model.model_config import ModelConfig
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
@@ -84,7 +85,7 @@ def write_tiny_gguf(path: Path, tied: bool = True) -> dict[str, np.ndarray]:
     """Write a tiny llama GGUF the way llama.cpp's converter would; return its source weights."""
     tokens = _tokens()
     hf = _hf_weights(len(tokens), tied)
-    to_gguf = {v: k for k, v in gguf_convert._GLOBAL_TENSORS.items()}
+    to_gguf = {v: k for k, v in gguf_checkpoint.GLOBAL_TENSORS.items()}
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny synthetic llama")
     writer.add_block_count(LAYERS)
@@ -110,7 +111,7 @@ def write_tiny_gguf(path: Path, tied: bool = True) -> dict[str, np.ndarray]:
             gguf_name, qtype = to_gguf[name], QType.Q8_0 if "embed" in name else QType.F32
         else:
             layer, hf_short = name.split(".")[2], ".".join(name.split(".")[3:-1])
-            short = {v: k for k, v in gguf_convert._LAYER_TENSORS.items()}[hf_short]
+            short = {v: k for k, v in gguf_checkpoint.LAYER_TENSORS.items()}[hf_short]
             gguf_name, qtype = f"blk.{layer}.{short}.weight", QUANT.get(short, QType.F32)
             if short in ("attn_q", "attn_k"):
                 weight = _llama_cpp_permute(weight, HEADS if short == "attn_q" else KV_HEADS)

@@ -12,7 +12,7 @@ import torch
 
 from quire.cache.paged_kv import kv_bytes_per_block
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
-from quire.model.checkpoint import resolve_model_path
+from quire.model.checkpoint import load_tokenizer, resolve_model_path
 from quire.model.decoder import DecoderModel
 from quire.model.loader import build_model, load_checkpoint
 from quire.model.model_config import ModelConfig
@@ -20,7 +20,7 @@ from quire.model.model_config import ModelConfig
 
 @dataclass(frozen=True)
 class LoadedModel:
-    """A checkpoint directory loaded for serving."""
+    """A checkpoint (directory or GGUF file) loaded for serving."""
 
     path: Path
     device: torch.device
@@ -37,8 +37,6 @@ class LoadedModel:
 
 def load_engine_model(config: EngineConfig) -> LoadedModel:
     """Weights on the configured device and dtype, and the tokenizer; ValueError if unusable."""
-    from transformers import AutoTokenizer
-
     path = resolve_model_path(config.model)
     device = config.resolve_device()
     dtype = config.resolve_dtype(device)
@@ -49,10 +47,7 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         model_config = dataclasses.replace(model_config, max_model_len=config.max_model_len)
     model = build_model(model_config, state, device)
     del state
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot load the tokenizer from {str(path)!r}: {exc}") from exc
+    tokenizer = load_tokenizer(path)
     return LoadedModel(
         path=path,
         device=device,

@@ -43,7 +43,13 @@ _PACKAGE_DIR = Path(__file__).resolve().parent
 _CSRC = _PACKAGE_DIR / "csrc"
 SOURCES = tuple(
     _CSRC / name
-    for name in ("paged_attention_cpu.cpp", "fused_ops_cpu.cpp", "cache_cpu.cpp", "linear_cpu.cpp")
+    for name in (
+        "paged_attention_cpu.cpp",
+        "fused_ops_cpu.cpp",
+        "cache_cpu.cpp",
+        "linear_cpu.cpp",
+        "quantized_linear_cpu.cpp",
+    )
 )
 HEADERS = (_CSRC / "cpu_features.h",)  # included by the sources: part of what a build is from
 # The checkout's build/ when the package runs from one (PYTHONPATH=libs, the editable install,

@@ -1,28 +1,37 @@
-"""What makes a directory a checkpoint Quire can serve: config.json naming a supported
-architecture, and safetensors weights (sharded or not).
+"""What makes a path a checkpoint Quire can serve: a directory with config.json naming a
+supported architecture and safetensors weights (sharded or not), or a GGUF file
+(quire.model.gguf_checkpoint); and where a checkpoint's config and tokenizer come from.
 
-Nothing here imports torch, so services check their model setting with `checkpoint_problem`
-before they load anything, and fail in a second with the reason.
+Nothing here imports torch at module level, so services check their model setting with
+`checkpoint_problem` before they load anything, and fail in a second with the reason.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
+from quire.model.gguf_checkpoint import gguf_problem, is_gguf
+
+if TYPE_CHECKING:
+    from quire.model.model_config import ModelConfig
 
 
 def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str | None:
-    """What keeps `model` from loading as a checkpoint directory, or None when nothing does.
+    """What keeps `model` from loading as a checkpoint, or None when nothing does.
 
-    Checks, in order: the path exists and is a directory, its config.json parses and names a
+    A `.gguf` path is checked as a GGUF file (gguf_checkpoint.gguf_problem). A directory is
+    checked, in order: the path exists and is a directory, its config.json parses and names a
     supported architecture, and (with `need_weights`) its *.safetensors files are there. The
     answer completes a sentence about the path: "does not exist (...)", "has no config.json".
     """
     path = Path(model).expanduser()
     if not path.exists():
         return "does not exist (Quire loads local checkpoint directories, never downloads)"
+    if is_gguf(path):
+        return gguf_problem(path)
     if not path.is_dir():
         return "is not a directory (a checkpoint is a directory with config.json)"
     config_file = path / "config.json"
@@ -47,7 +56,8 @@ def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str |
 
 
 def resolve_model_path(model: str | Path) -> Path:
-    """Return the checkpoint directory or raise ValueError naming what is wrong with it."""
+    """Return the checkpoint (directory or GGUF file) or raise ValueError naming what is wrong
+    with it."""
     problem = checkpoint_problem(model, need_weights=False)
     if problem is not None:
         raise ValueError(f"model path {str(model)!r} {problem}")
@@ -68,3 +78,33 @@ def safetensors_files(path: Path) -> list[Path]:
     if not files:
         raise ValueError(f"checkpoint {str(path)!r} has no *.safetensors weight files")
     return files
+
+
+def load_model_config(model: str | Path) -> ModelConfig:
+    """The ModelConfig of a checkpoint directory or GGUF file."""
+    from quire.model.model_config import ModelConfig
+
+    path = resolve_model_path(model)
+    if is_gguf(path):
+        from gguf import GGUFReader
+
+        from quire.model.gguf_checkpoint import model_config
+
+        return model_config(GGUFReader(path))
+    return ModelConfig.from_pretrained(path)
+
+
+def load_tokenizer(model: str | Path) -> Any:
+    """transformers' tokenizer of a checkpoint directory, or of a GGUF file (converted from
+    its `tokenizer.ggml.*` metadata, with its chat template); ValueError if it cannot load."""
+    from transformers import AutoTokenizer
+
+    path = Path(model).expanduser()
+    try:
+        if is_gguf(path):
+            return AutoTokenizer.from_pretrained(
+                path.parent, gguf_file=path.name, local_files_only=True
+            )
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load the tokenizer from {str(model)!r}: {exc}") from exc

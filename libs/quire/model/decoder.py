@@ -12,13 +12,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 
 import quire.kernels as kernels
 from quire.model.attention import AttentionMetadata, KVCache, PagedAttention
 from quire.model.layers import Attention, CheckpointTensors
-from quire.model.linear import LayerShapes, Linear, head_backend, linear_backend
+from quire.model.linear import LayerShapes, head_backend, linear_backend
 from quire.model.model_config import ModelConfig
+from quire.model.quantized_linear import Weight, embedding, make_linear
 from quire.model.rope import RotaryEmbedding
 
 
@@ -51,13 +51,11 @@ class DecoderModel:
     qk_norm = False  # an RMSNorm over each query and key head before rotary (Qwen3)
     fused_qkv = False  # the checkpoint stores self_attn.qkv_proj, not q/k/v_proj (Phi-3)
 
-    def __init__(
-        self, config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device
-    ) -> None:
+    def __init__(self, config: ModelConfig, state: dict[str, Weight], device: torch.device) -> None:
         self.config = config
         self.device = device
         take = CheckpointTensors(state)
-        self.embed = take("model.embed_tokens.weight")
+        self.embed = take.weight("model.embed_tokens.weight")  # float or quantized
         self.linear_backend = linear_backend(self.embed.dtype, device, shapes=self.linear_shapes())
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_model_len, device)
         self.paged_attention = PagedAttention(
@@ -69,9 +67,9 @@ class DecoderModel:
             take.discard("lm_head.weight")
             lm_head = self.embed
         else:
-            lm_head = take("lm_head.weight")
+            lm_head = take.weight("lm_head.weight")
         take.finish()
-        self.lm_head = Linear(lm_head, None, head_backend(lm_head.dtype, device))
+        self.lm_head = make_linear(lm_head, None, head_backend(lm_head.dtype, device))
 
     def linear_shapes(self) -> LayerShapes:
         """One decoder layer's qkv, o, gate_up, down: what the `auto` backend is timed on."""
@@ -121,7 +119,7 @@ class DecoderModel:
         eps = self.config.rms_norm_eps
         # residual: [num_tokens, hidden], the stream each sublayer adds into; x: the input of
         # the next sublayer, which add_rms_norm_ overwrites with norm(residual + x).
-        residual = F.embedding(input_ids, self.embed)
+        residual = embedding(input_ids, self.embed)
         x = kernels.rms_norm(residual, self.layers[0].input_norm, eps)
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if i > 0:

@@ -11,20 +11,28 @@ import torch.nn.functional as F
 
 import quire.kernels as kernels
 from quire.model.attention import AttentionMetadata, KVCache, PagedAttention
-from quire.model.linear import Linear
 from quire.model.model_config import ModelConfig
+from quire.model.quantized_linear import AnyLinear, Weight, concat_rows, make_linear
 from quire.model.rope import RotaryEmbedding
 
 
 class CheckpointTensors:
-    """Hands out checkpoint tensors once each, then names anything missing or left over."""
+    """Hands out checkpoint tensors once each, then names anything missing or left over.
+    Linear weights and the embedding table may be quantized (`weight`); other tensors not."""
 
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+    def __init__(self, state: dict[str, Weight]) -> None:
         self.state = state
         self.used: set[str] = set()
         self.missing: list[str] = []
 
     def __call__(self, name: str) -> torch.Tensor:
+        tensor = self.weight(name)
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"checkpoint tensor {name!r} is quantized; Quire needs it in floats")
+        return tensor
+
+    def weight(self, name: str) -> Weight:
+        """A linear weight or embedding table: a float tensor or quantized blocks."""
         self.used.add(name)
         if name not in self.state:
             self.missing.append(name)
@@ -36,8 +44,13 @@ class CheckpointTensors:
         return self(name) if present else None
 
     def concat(self, names: list[str], present: bool = True) -> torch.Tensor | None:
-        """Tensors concatenated along dim 0 (q/k/v into qkv, gate/up into gate_up)."""
+        """Tensors concatenated along dim 0 (biases of q/k/v into qkv, gate/up into gate_up)."""
         return torch.cat([self(n) for n in names]) if present else None
+
+    def concat_weights(self, names: list[str]) -> Weight | list[Weight]:
+        """Linear weights stacked along out_features (q/k/v into qkv, gate/up into gate_up);
+        quantized_linear.concat_rows says when they stay apart."""
+        return concat_rows([self.weight(n) for n in names])
 
     def discard(self, name: str) -> None:
         self.used.add(name)
@@ -57,8 +70,8 @@ class Attention:
     def __init__(
         self,
         config: ModelConfig,
-        qkv: Linear,  # [(heads + 2 * kv_heads) * D, hidden]
-        o: Linear,  # [hidden, heads * D]
+        qkv: AnyLinear,  # [(heads + 2 * kv_heads) * D, hidden]
+        o: AnyLinear,  # [hidden, heads * D]
         rotary: RotaryEmbedding,
         paged: PagedAttention,
         qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None,  # q, k weights: [D] each
@@ -94,13 +107,12 @@ class Attention:
         """q_proj/k_proj/v_proj/o_proj (+ q_norm/k_norm) under `prefix`, q/k/v fused; with
         `fused`, the checkpoint's own qkv_proj."""
         names = [f"{prefix}qkv_proj"] if fused else [f"{prefix}{n}_proj" for n in "qkv"]
-        qkv_weight = take.concat([n + ".weight" for n in names])
-        assert qkv_weight is not None
-        qkv = Linear(
+        qkv_weight = take.concat_weights([n + ".weight" for n in names])
+        qkv = make_linear(
             qkv_weight, take.concat([n + ".bias" for n in names], config.qkv_bias), backend
         )
-        o = Linear(
-            take(prefix + "o_proj.weight"),
+        o = make_linear(
+            take.weight(prefix + "o_proj.weight"),
             take.optional(prefix + "o_proj.bias", config.o_bias),
             backend,
         )
@@ -137,7 +149,7 @@ class Attention:
 class GatedMLP:
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one matmul."""
 
-    def __init__(self, gate_up: Linear, down: Linear) -> None:
+    def __init__(self, gate_up: AnyLinear, down: AnyLinear) -> None:
         self.gate_up = gate_up  # [2 * intermediate, hidden]
         self.down = down  # [hidden, intermediate]
 
@@ -158,11 +170,13 @@ class GatedMLP:
         """gate_proj/up_proj/down_proj under `prefix`; with `fused`, the checkpoint's own
         gate_up_proj (gate rows first)."""
         names = [prefix + "gate_up_proj"] if fused else [prefix + "gate_proj", prefix + "up_proj"]
-        gate_up_weight = take.concat([n + ".weight" for n in names])
-        assert gate_up_weight is not None
-        gate_up = Linear(gate_up_weight, take.concat([n + ".bias" for n in names], bias), backend)
+        gate_up_weight = take.concat_weights([n + ".weight" for n in names])
+        gate_up = make_linear(
+            gate_up_weight, take.concat([n + ".bias" for n in names], bias), backend
+        )
         down_bias = take.optional(prefix + "down_proj.bias", bias)
-        return cls(gate_up, Linear(take(prefix + "down_proj.weight"), down_bias, backend))
+        down = make_linear(take.weight(prefix + "down_proj.weight"), down_bias, backend)
+        return cls(gate_up, down)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)

@@ -1,5 +1,6 @@
-"""Read a local Hugging Face checkpoint (config and safetensors weights, sharded or not) and
-build its architecture's model."""
+"""Read a local checkpoint (a Hugging Face directory: config and safetensors weights, sharded
+or not; or a GGUF file, its quantized weights kept in their blocks) and build its
+architecture's model."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from safetensors import safe_open
 from quire.model.architectures import model_class
 from quire.model.checkpoint import resolve_model_path, safetensors_files
 from quire.model.decoder import DecoderModel
+from quire.model.gguf_checkpoint import is_gguf, load_gguf
 from quire.model.model_config import ModelConfig
+from quire.model.quantized_linear import Weight
 
 
 def load_state_dict(
@@ -28,15 +31,17 @@ def load_state_dict(
 
 def load_checkpoint(
     model: str | Path, device: torch.device, dtype: torch.dtype
-) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Config and weights of a local checkpoint directory."""
+) -> tuple[ModelConfig, dict[str, Weight]]:
+    """Config and weights of a local checkpoint directory or GGUF file."""
     path = resolve_model_path(model)
+    if is_gguf(path):
+        return load_gguf(path, device, dtype)
     config = ModelConfig.from_pretrained(path)
-    return config, load_state_dict(path, device, dtype)
+    return config, dict(load_state_dict(path, device, dtype))
 
 
 def build_model(
-    config: ModelConfig, state: dict[str, torch.Tensor], device: torch.device
+    config: ModelConfig, state: dict[str, Weight], device: torch.device
 ) -> DecoderModel:
     """The model of `config.architecture` over the checkpoint tensors `state`."""
     model = model_class(config.architecture)(config, state, device)

@@ -1,0 +1,39 @@
+"""Linear layers over quantized blocks (reference_quantized's formats) in C++ on the CPU
+(csrc/quantized_linear_cpu.cpp): each thread dequantizes tiles of the weight's rows into float32
+and multiplies them by the activations with AVX-512 FMAs (float32 sums). The library is
+cpp_attention's; in a build without AVX-512 nothing is supported and the oracle runs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from quire.kernels import cpp_attention, reference_quantized
+
+
+@functools.cache
+def _supports_type(ggml_type: int) -> bool:
+    if not cpp_attention.is_available():
+        return False
+    return bool(torch.ops.quire_cpu.quantized_linear_supported(ggml_type))
+
+
+def supports(quant: str, dtype: torch.dtype) -> bool:
+    """Whether the C++ kernel runs format `quant` here (activations of any float dtype: they
+    are multiplied in float32)."""
+    fmt = reference_quantized.FORMATS.get(quant)
+    return fmt is not None and dtype.is_floating_point and _supports_type(fmt.ggml_type)
+
+
+def quantized_linear(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tensor:
+    """x `[num_tokens, in_features]` times the dequantized weight in `blocks`, transposed; in
+    x's dtype. Checks shapes and dtypes in C++."""
+    fmt = reference_quantized.block_format(quant)
+    cpp_attention.require_loaded()
+    x32 = x.float()
+    if x32.stride(-1) != 1:
+        x32 = x32.contiguous()
+    out = torch.ops.quire_cpu.quantized_linear(x32, blocks, fmt.ggml_type)
+    return out.to(x.dtype)

@@ -1,0 +1,302 @@
+// Linear layers over llama.cpp's quantized blocks on the CPU: y = x W^T with W [N, K] kept as
+// its GGUF holds it (quire/kernels/reference_quantized.py: each row of W its blocks end to end).
+//
+// Dequantize-then-FMA, in tiles. The output columns are cut into tiles of kTileRows = 4 rows
+// of W, spread over torch's threads. A thread dequantizes its tile's 4 rows into a float32
+// scratch [4][K] (24 KiB at K = 1536: it stays in L1) and multiplies every row of x by it,
+// kRowsPerPass = 4 rows of x at a time: 16 accumulators of 16 lanes along K, each pass over K
+// reading 4 weight and 4 x vectors per 16 FMAs, then one horizontal sum per output. x is
+// taken kChunkRows = 64 rows at a time (the outer loop), so the chunk a thread multiplies its
+// tiles by stays in L2, and each weight tile is dequantized once per chunk: once in decode.
+//
+// Sums are float32 (in another order than the torch oracle's); the dequantized weights are the
+// oracle's (d * q, d * q + m, ... in float32). The AVX-512 paths exist only in an x86-64-v4
+// build (cpu_features.h); elsewhere quantized_linear_supported is false and the model keeps the
+// torch oracle.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX512F__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
+// GCC 12 warns about the undefined vectors its own headers use (masked loads, reductions).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+#include "cpu_features.h"
+
+namespace {
+
+// ggml type ids (gguf.GGMLQuantizationType) of the formats here.
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+
+constexpr int64_t kTileRows = 4;      // rows of W per tile
+constexpr int64_t kRowsPerPass = 4;   // rows of x per pass over a tile
+constexpr int64_t kChunkRows = 64;    // rows of x per chunk
+
+struct Format {
+  int64_t block_size;
+  int64_t block_bytes;
+};
+
+bool format_of(int64_t type, Format* out) {
+  switch (type) {
+    case kQ4_0: *out = {32, 18}; return true;
+    case kQ4_1: *out = {32, 20}; return true;
+    case kQ8_0: *out = {32, 34}; return true;
+    case kQ4_K: *out = {256, 144}; return true;
+    case kQ5_K: *out = {256, 176}; return true;
+    case kQ6_K: *out = {256, 210}; return true;
+    default: return false;
+  }
+}
+
+inline float f16(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
+  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
+}
+
+// Q4_K / Q5_K: sub-block j's 6-bit scale and min (ggml's get_scale_min_k4).
+inline void k_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// One 256-input super-block of Q4_K, Q5_K or Q6_K into out[256], as the oracle computes it.
+void dequantize_k_block(int64_t type, const uint8_t* b, float* out) {
+  if (type == kQ6_K) {
+    const uint8_t* ql = b;
+    const uint8_t* qh = b + 128;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    const float d = f16(b + 208);
+    for (int half = 0; half < 2; ++half) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        out[l] = (d * scales[is]) * q1;
+        out[l + 32] = (d * scales[is + 2]) * q2;
+        out[l + 64] = (d * scales[is + 4]) * q3;
+        out[l + 96] = (d * scales[is + 6]) * q4;
+      }
+      out += 128;
+      ql += 64;
+      qh += 32;
+      scales += 8;
+    }
+    return;
+  }
+  const float d = f16(b), dmin = f16(b + 2);
+  const uint8_t* scales = b + 4;
+  const uint8_t* qh = b + 16;  // Q5_K only
+  const uint8_t* qs = b + (type == kQ5_K ? 48 : 16);
+  for (int chunk = 0; chunk < 4; ++chunk) {  // 64 inputs: sub-blocks 2 chunk, 2 chunk + 1
+    for (int part = 0; part < 2; ++part) {
+      const int j = 2 * chunk + part;
+      uint8_t sc, m;
+      k_scale_min(j, scales, &sc, &m);
+      const float scale = d * sc, min = dmin * m;
+      for (int l = 0; l < 32; ++l) {
+        int q = part ? qs[32 * chunk + l] >> 4 : qs[32 * chunk + l] & 0xF;
+        if (type == kQ5_K) q |= ((qh[l] >> j) & 1) << 4;
+        out[32 * j + l] = scale * static_cast<float>(q) - min;
+      }
+    }
+  }
+}
+
+// One row of W: num_blocks blocks of `type` into out[K].
+void dequantize_row(int64_t type, const uint8_t* row, int64_t num_blocks, float* out) {
+#if defined(__AVX512F__)
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  if (type == kQ8_0) {
+    for (int64_t i = 0; i < num_blocks; ++i, row += 34, out += 32) {
+      const __m512 d = _mm512_set1_ps(f16(row));
+      for (int h = 0; h < 2; ++h) {
+        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 + 16 * h));
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+        _mm512_storeu_ps(out + 16 * h, _mm512_mul_ps(v, d));
+      }
+    }
+    return;
+  }
+  if (type == kQ4_0 || type == kQ4_1) {
+    const int64_t header = type == kQ4_0 ? 2 : 4, bytes = type == kQ4_0 ? 18 : 20;
+    const __m512 eight = _mm512_set1_ps(8.0f);
+    for (int64_t i = 0; i < num_blocks; ++i, row += bytes, out += 32) {
+      const __m512 d = _mm512_set1_ps(f16(row));
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + header));
+      const __m128i nibbles[2] = {_mm_and_si128(qs, low_nibbles),
+                                  _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles)};
+      for (int h = 0; h < 2; ++h) {
+        __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles[h]));
+        if (type == kQ4_0) {
+          _mm512_storeu_ps(out + 16 * h, _mm512_mul_ps(d, _mm512_sub_ps(q, eight)));
+        } else {
+          const __m512 m = _mm512_set1_ps(f16(row + 2));
+          _mm512_storeu_ps(out + 16 * h, _mm512_add_ps(_mm512_mul_ps(d, q), m));
+        }
+      }
+    }
+    return;
+  }
+#endif
+  if (type == kQ8_0 || type == kQ4_0 || type == kQ4_1) {  // builds without AVX-512
+    const int64_t bytes = type == kQ8_0 ? 34 : (type == kQ4_0 ? 18 : 20);
+    for (int64_t i = 0; i < num_blocks; ++i, row += bytes, out += 32) {
+      const float d = f16(row);
+      for (int j = 0; j < 32; ++j) {
+        if (type == kQ8_0) {
+          out[j] = static_cast<float>(static_cast<int8_t>(row[2 + j])) * d;
+        } else {
+          const uint8_t byte = row[(type == kQ4_0 ? 2 : 4) + j % 16];
+          const int q = j < 16 ? byte & 0xF : byte >> 4;
+          out[j] = type == kQ4_0 ? d * static_cast<float>(q - 8) : d * q + f16(row + 2);
+        }
+      }
+    }
+    return;
+  }
+  Format format;
+  format_of(type, &format);
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    dequantize_k_block(type, row + i * format.block_bytes, out + i * 256);
+  }
+}
+
+#if defined(__AVX512F__)
+// out[r][c] (stride out_stride) = x[r] . w[c] over K, for kRows rows of x and kCols rows of w.
+template <int kRows, int kCols>
+void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t k_dim, float* out,
+              int64_t out_stride) {
+  __m512 acc[kRows][kCols];
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < k_dim; k += 16) {
+    __m512 wv[kCols];
+    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_loadu_ps(w + c * k_dim + k);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512 xv = _mm512_loadu_ps(x + r * x_stride + k);
+      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kCols; ++c) out[r * out_stride + c] = _mm512_reduce_add_ps(acc[r][c]);
+  }
+}
+
+template <int kCols>
+void dot_rows(const float* x, int64_t x_stride, int64_t num_rows, const float* w, int64_t k_dim,
+              float* out, int64_t out_stride) {
+  int64_t r = 0;
+  for (; r + kRowsPerPass <= num_rows; r += kRowsPerPass) {
+    dot_tile<kRowsPerPass, kCols>(x + r * x_stride, x_stride, w, k_dim, out + r * out_stride,
+                                  out_stride);
+  }
+  const float* xr = x + r * x_stride;
+  float* o = out + r * out_stride;
+  switch (num_rows - r) {
+    case 1: return dot_tile<1, kCols>(xr, x_stride, w, k_dim, o, out_stride);
+    case 2: return dot_tile<2, kCols>(xr, x_stride, w, k_dim, o, out_stride);
+    case 3: return dot_tile<3, kCols>(xr, x_stride, w, k_dim, o, out_stride);
+    default: return;
+  }
+}
+static_assert(kRowsPerPass == 4 && kTileRows == 4, "dot_rows dispatches 1 .. 3 leftovers");
+#endif
+
+bool supported(int64_t type) {
+  Format format;
+  return quire_cpu::kHasAvx512 && format_of(type, &format);
+}
+
+}  // namespace
+
+// x: [M, K] float32, unit last stride; blocks: [N, K / block_size * block_bytes] uint8, rows
+// contiguous; type: the ggml type id. Returns [M, N] float32.
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type) {
+  Format format;
+  TORCH_CHECK_VALUE(format_of(type, &format), "quantized_linear: unknown block type ", type);
+  TORCH_CHECK_VALUE(supported(type), "quantized_linear does not run on this CPU and build");
+  TORCH_CHECK_VALUE(x.dim() == 2 && x.scalar_type() == at::kFloat && x.stride(1) == 1 &&
+                        x.device().is_cpu(),
+                    "x must be a CPU float32 [rows, in_features] tensor with unit last stride");
+  const int64_t num_rows = x.size(0), k_dim = x.size(1);
+  TORCH_CHECK_VALUE(k_dim % format.block_size == 0, "in_features (", k_dim,
+                    ") is no multiple of the block size ", format.block_size);
+  const int64_t num_blocks = k_dim / format.block_size;
+  TORCH_CHECK_VALUE(blocks.dim() == 2 && blocks.scalar_type() == at::kByte &&
+                        blocks.is_contiguous() && blocks.size(1) == num_blocks * format.block_bytes,
+                    "blocks must be a contiguous uint8 [out_features, ", num_blocks * format.block_bytes,
+                    "] tensor for in_features ", k_dim);
+  const int64_t n_dim = blocks.size(0);
+  at::Tensor out = at::empty({num_rows, n_dim}, x.options());
+  if (num_rows == 0 || n_dim == 0) return out;
+#if defined(__AVX512F__)
+  const int64_t num_tiles = (n_dim + kTileRows - 1) / kTileRows;
+  const int64_t row_bytes = blocks.size(1);
+  const int64_t grain = std::max<int64_t>(1, (num_tiles + at::get_num_threads() - 1) /
+                                                 at::get_num_threads());
+  const float* xs = x.data_ptr<float>();
+  const int64_t x_stride = x.stride(0);
+  const uint8_t* ws = blocks.data_ptr<uint8_t>();
+  float* os = out.data_ptr<float>();
+  at::parallel_for(0, num_tiles, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch(kTileRows * k_dim);
+    for (int64_t chunk = 0; chunk < num_rows; chunk += kChunkRows) {
+      const int64_t rows = std::min(kChunkRows, num_rows - chunk);
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t first = t * kTileRows;
+        const int64_t cols = std::min(kTileRows, n_dim - first);
+        for (int64_t c = 0; c < cols; ++c) {
+          dequantize_row(type, ws + (first + c) * row_bytes, num_blocks,
+                         scratch.data() + c * k_dim);
+        }
+        const float* xc = xs + chunk * x_stride;
+        float* oc = os + chunk * n_dim + first;
+        switch (cols) {
+          case 4: dot_rows<4>(xc, x_stride, rows, scratch.data(), k_dim, oc, n_dim); break;
+          case 3: dot_rows<3>(xc, x_stride, rows, scratch.data(), k_dim, oc, n_dim); break;
+          case 2: dot_rows<2>(xc, x_stride, rows, scratch.data(), k_dim, oc, n_dim); break;
+          default: dot_rows<1>(xc, x_stride, rows, scratch.data(), k_dim, oc, n_dim); break;
+        }
+      }
+    }
+  });
+#endif
+  return out;
+}
+
+bool quantized_linear_supported(int64_t type) { return supported(type); }
+
+TORCH_LIBRARY_FRAGMENT(quire_cpu, m) {
+  m.def("quantized_linear(Tensor x, Tensor blocks, int type) -> Tensor");
+  // whether quantized_linear runs for a block type on this CPU and build
+  m.def("quantized_linear_supported(int type) -> bool", &quantized_linear_supported);
+}
+
+TORCH_LIBRARY_IMPL(quire_cpu, CPU, m) { m.impl("quantized_linear", &quantized_linear); }

@@ -1,0 +1,156 @@
+"""llama.cpp's block formats (GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and the plain torch
+oracle of a linear layer over them: dequantize the whole weight, then multiply.
+
+A quantized weight `[out_features, in_features]` is kept as its file holds it: a uint8 tensor
+`[out_features, in_features / block_size * block_bytes]`, each row its blocks end to end, every
+block one run of `block_size` consecutive inputs. `dequantize` computes exactly what the `gguf`
+package's numpy reference (`gguf.quants.dequantize`) computes, operation for operation in
+float32, so the two agree bit for bit; the C++ (cpp_quantized.py) and Triton
+(triton_quantized.py) kernels are tested against it.
+
+Layouts (ggml's `block_*` structs; d, dmin and m are float16):
+  Q8_0  34 B / 32:  d, qs int8[32]                        w = d * q
+  Q4_0  18 B / 32:  d, qs[16]                             w = d * (q - 8)
+  Q4_1  20 B / 32:  d, m, qs[16]                          w = d * q + m
+        (qs[j] holds input j in its low nibble and input j + 16 in its high one)
+  Q4_K 144 B / 256: d, dmin, scales[12], qs[128]          w = d * sc * q - dmin * mn
+        (8 sub-blocks of 32, 6-bit sc and mn; each 32 bytes of qs hold 64 inputs: low nibbles
+        then high nibbles)
+  Q5_K 176 B / 256: d, dmin, scales[12], qh[32], qs[128]  as Q4_K, q + 16 * (bit i of qh)
+  Q6_K 210 B / 256: ql[128], qh[64], scales int8[16], d   w = d * sc * (q - 32), 16 sub-blocks
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    """One block format: its name in GGUF, ggml's type id, inputs and bytes per block."""
+
+    name: str
+    ggml_type: int  # gguf.GGMLQuantizationType value
+    block_size: int  # inputs per block
+    block_bytes: int
+
+
+FORMATS: dict[str, BlockFormat] = {
+    f.name: f
+    for f in (
+        BlockFormat("Q4_0", 2, 32, 18),
+        BlockFormat("Q4_1", 3, 32, 20),
+        BlockFormat("Q8_0", 8, 32, 34),
+        BlockFormat("Q4_K", 12, 256, 144),
+        BlockFormat("Q5_K", 13, 256, 176),
+        BlockFormat("Q6_K", 14, 256, 210),
+    )
+}
+FORMATS_BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
+
+
+def block_format(name: str) -> BlockFormat:
+    """The format called `name`; ValueError naming the ones supported."""
+    if name not in FORMATS:
+        raise ValueError(f"block format {name!r} is not supported ({', '.join(FORMATS)})")
+    return FORMATS[name]
+
+
+def row_bytes(name: str, in_features: int) -> int:
+    """Bytes of one row of `in_features` inputs; ValueError if it is no whole number of blocks."""
+    fmt = block_format(name)
+    if in_features % fmt.block_size:
+        raise ValueError(
+            f"{name} rows hold multiples of {fmt.block_size} inputs, not {in_features}"
+        )
+    return in_features // fmt.block_size * fmt.block_bytes
+
+
+def _f16(column: torch.Tensor) -> torch.Tensor:
+    # [n, 2] uint8 -> [n, 1] float32
+    return column.contiguous().view(torch.float16).float()
+
+
+def _nibbles(qs: torch.Tensor, run: int) -> torch.Tensor:
+    # qs: [n, k * run] uint8 -> [n, k * 2 * run]: each run of bytes' low nibbles, then its high
+    n = qs.shape[0]
+    qs = qs.reshape(n, -1, 1, run)
+    return torch.cat([qs & 0x0F, qs >> 4], dim=2).reshape(n, -1)
+
+
+def _k_scales(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Q4_K/Q5_K's 12 bytes -> 8 six-bit scales and 8 mins, float32 [n, 8]
+    d, m, m_d = scales[:, 0:4], scales[:, 4:8], scales[:, 8:12]
+    sc = torch.cat([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], dim=1)
+    mn = torch.cat([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], dim=1)
+    return sc.float(), mn.float()
+
+
+def _dequantize_blocks(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    # blocks: [n, block_bytes] uint8 -> [n, block_size] float32
+    n = blocks.shape[0]
+    if name == "Q8_0":
+        return blocks[:, 2:].contiguous().view(torch.int8).float() * _f16(blocks[:, 0:2])
+    if name == "Q4_0":
+        q = _nibbles(blocks[:, 2:], 16).to(torch.int8) - 8
+        return _f16(blocks[:, 0:2]) * q.float()
+    if name == "Q4_1":
+        q = _nibbles(blocks[:, 4:], 16).float()
+        return _f16(blocks[:, 0:2]) * q + _f16(blocks[:, 2:4])
+    if name in ("Q4_K", "Q5_K"):
+        sc, mn = _k_scales(blocks[:, 4:16])
+        d = (_f16(blocks[:, 0:2]) * sc).reshape(n, 8, 1)
+        dm = (_f16(blocks[:, 2:4]) * mn).reshape(n, 8, 1)
+        q = _nibbles(blocks[:, -128:], 32).reshape(n, 8, 32)
+        if name == "Q5_K":
+            qh = blocks[:, 16:48].reshape(n, 1, 32)
+            shifts = torch.arange(8, dtype=torch.uint8).reshape(1, 8, 1)
+            q = q | (((qh >> shifts) & 1) << 4)
+        return (d * q.float() - dm).reshape(n, 256)
+    if name == "Q6_K":
+        scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
+        d = (_f16(blocks[:, 208:210]) * scales).reshape(n, 16, 1)
+        ql = _nibbles(blocks[:, 0:128], 64).reshape(n, 8, 32)
+        qh = blocks[:, 128:192].reshape(n, 2, 1, 32)
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).reshape(1, 1, 4, 1)
+        qh = ((qh >> shifts) & 3).reshape(n, 8, 32)
+        q = (ql | (qh << 4)).to(torch.int8) - 32
+        return (d * q.reshape(n, 16, 16).float()).reshape(n, 256)
+    raise ValueError(f"block format {name!r} is not supported ({', '.join(FORMATS)})")
+
+
+def dequantize(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    """The float32 weight `[rows, in_features]` of `blocks` (`[rows, row_bytes]` uint8)."""
+    fmt = block_format(name)
+    if blocks.dtype != torch.uint8 or blocks.dim() != 2 or blocks.shape[1] % fmt.block_bytes:
+        raise ValueError(
+            f"{name} blocks must be a [rows, k * {fmt.block_bytes}] uint8 tensor, got "
+            f"{tuple(blocks.shape)} {blocks.dtype}"
+        )
+    rows = blocks.shape[0]
+    flat = blocks.reshape(-1, fmt.block_bytes)
+    return _dequantize_blocks(flat, name).reshape(rows, -1)
+
+
+def quantized_linear(
+    x: torch.Tensor,  # [num_tokens, in_features]
+    blocks: torch.Tensor,  # [out_features, row_bytes] uint8
+    name: str,
+    bias: torch.Tensor | None = None,  # [out_features]
+) -> torch.Tensor:  # [num_tokens, out_features], x's dtype
+    """x W^T (+ bias) with W dequantized to float32 and the product in float32."""
+    out = F.linear(x.float(), dequantize(blocks, name), None if bias is None else bias.float())
+    return out.to(x.dtype)
+
+
+def quantized_embedding(
+    ids: torch.Tensor,  # [num_tokens] int64
+    blocks: torch.Tensor,  # [vocab, row_bytes] uint8
+    name: str,
+    dtype: torch.dtype,
+) -> torch.Tensor:  # [num_tokens, hidden]
+    """The rows `ids` of the table, dequantized (only those rows) and cast to `dtype`."""
+    return dequantize(blocks.index_select(0, ids), name).to(dtype)

@@ -1,0 +1,97 @@
+"""Linear layers over GGUF's quantized blocks: the torch oracle against the gguf package's
+dequantization (bit for bit) and the C++ kernel against the oracle, per format."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize as gguf_dequantize
+
+from quire.kernels import cpp_build, cpp_quantized, quantized, reference_quantized
+
+FORMATS = list(reference_quantized.FORMATS)
+needs_avx512 = pytest.mark.skipif(
+    "avx512f" not in cpp_build.cpu_flags(),
+    reason="needs AVX-512 (avx512f): Quire's quantized linear",
+)
+
+
+def random_blocks(name: str, rows: int, in_features: int, seed: int = 0) -> torch.Tensor:
+    """Random block bytes whose float16 scales are finite and small (the rest is any bits)."""
+    fmt = reference_quantized.FORMATS[name]
+    rng = np.random.default_rng(seed)
+    num = in_features // fmt.block_size
+    blocks = rng.integers(0, 256, size=(rows, num, fmt.block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, num, 2)) * 0.01).astype(np.float16).view(np.uint8)
+    if name in ("Q8_0", "Q4_0"):
+        blocks[..., 0:2] = scales[..., 0:2]
+    elif name in ("Q4_1", "Q4_K", "Q5_K"):  # d and m (or dmin)
+        blocks[..., 0:4] = scales.reshape(rows, num, 4)
+    else:  # Q6_K: d last
+        blocks[..., 208:210] = scales[..., 0:2]
+    return torch.from_numpy(blocks.reshape(rows, -1))
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_dequantize_is_the_gguf_reference_bit_for_bit(name: str) -> None:
+    blocks = random_blocks(name, 7, 512)
+    expected = gguf_dequantize(blocks.numpy(), gguf.GGMLQuantizationType[name])
+    got = reference_quantized.dequantize(blocks, name).numpy()
+    assert got.shape == expected.shape == (7, 512)
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_dequantize_round_trips_the_gguf_quantizer(name: str) -> None:
+    weight = np.random.default_rng(1).standard_normal((5, 64)).astype(np.float32)
+    blocks = gguf.quants.quantize(weight, gguf.GGMLQuantizationType[name])
+    got = reference_quantized.dequantize(torch.from_numpy(blocks), name)
+    bound = {"Q8_0": 0.02, "Q4_0": 0.35, "Q4_1": 0.25}[name]
+    assert (got - torch.from_numpy(weight)).abs().max().item() < bound
+
+
+def test_misshapen_blocks_are_refused() -> None:
+    with pytest.raises(ValueError, match="Q4_1 rows hold multiples of 32"):
+        reference_quantized.row_bytes("Q4_1", 48)
+    with pytest.raises(ValueError, match="not supported"):
+        reference_quantized.block_format("IQ2_XS")
+    with pytest.raises(ValueError, match="uint8"):
+        reference_quantized.dequantize(torch.zeros(2, 34, dtype=torch.int8), "Q8_0")
+
+
+@needs_avx512
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("rows", [1, 3, 17, 64, 70])
+@pytest.mark.parametrize("out_features", [1, 6, 67])
+def test_cpp_matches_the_oracle(name: str, rows: int, out_features: int) -> None:
+    in_features = 512  # two K-quant super-blocks, sixteen 32-blocks
+    blocks = random_blocks(name, out_features, in_features, seed=rows)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(out_features))
+    expected = reference_quantized.quantized_linear(x.double(), blocks, name)
+    got = cpp_quantized.quantized_linear(x, blocks, name)
+    # float32 sums in another order: within float32's summation error over K terms
+    magnitude = x.double().abs() @ reference_quantized.dequantize(blocks, name).double().abs().t()
+    assert got.dtype == torch.float32 and got.shape == (rows, out_features)
+    assert ((got.double() - expected).abs() <= magnitude * in_features * 2.0**-23).all()
+
+
+@needs_avx512
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cpp_returns_the_activations_dtype(dtype: torch.dtype) -> None:
+    blocks = random_blocks("Q4_1", 8, 64)
+    x = torch.randn(3, 64).to(dtype)
+    got = quantized.quantized_linear(x, blocks, "Q4_1")
+    expected = reference_quantized.quantized_linear(x, blocks, "Q4_1")
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
+
+
+@needs_avx512
+def test_cpp_refuses_what_it_cannot_multiply() -> None:
+    blocks = random_blocks("Q8_0", 4, 64)
+    with pytest.raises(ValueError, match="blocks must be a contiguous uint8"):
+        cpp_quantized.quantized_linear(torch.randn(2, 96), blocks, "Q8_0")
+    with pytest.raises(ValueError, match="no multiple of the block size 256"):
+        cpp_quantized.quantized_linear(torch.randn(2, 64), blocks, "Q4_K")

@@ -1,0 +1,119 @@
+"""A GGUF file served as it is (`--model file.gguf`): weights kept in their quantized blocks,
+greedy tokens against transformers' GGUF loader (which dequantizes to float32), the tokenizer
+and chat template from the file, resident memory against the file's size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from quire_tools import gguf_convert, gguf_write
+from transformers import AutoModelForCausalLM
+
+from quire import LLM, SamplingParams
+from quire.config import EngineConfig
+from quire.engine.loading import load_engine_model
+from quire.model.checkpoint import checkpoint_problem, load_model_config, load_tokenizer
+from quire.model.quantized_linear import QuantizedLinear
+from quire.model.resident import resident_bytes
+from tests.checkpoints import REPO, tiny_checkpoint
+from tests.libs.engine.conftest import Reference, assert_matches_reference
+from tests.tools.test_gguf_convert import write_tiny_gguf
+
+PROMPTS = ["Hello world, the quick brown fox", "In the beginning", "1 2 3 4"]
+MAX_TOKENS = 16
+SMOLLM2_GGUF = REPO / "models" / "smollm2-135m-instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """quire-tiny in each 32-block format (embedding Q8_0), and a file mixing Q4_1, Q8_0, F16
+    and F32 tensors the way llama.cpp's converter writes them."""
+    root = tmp_path_factory.mktemp("gguf-model")
+    files = {
+        quant: gguf_write.write_gguf(tiny_checkpoint(), root / f"tiny.{quant}.gguf", quant)
+        for quant in ("Q4_1", "Q8_0", "Q4_0")
+    }
+    write_tiny_gguf(root / "mixed.gguf", tied=False)
+    return {**files, "mixed": root / "mixed.gguf"}
+
+
+def reference(
+    path: Path, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = True
+) -> Reference:
+    """transformers' greedy tokens on the GGUF (dequantized to float32) and top-2 gaps;
+    without `ignore_eos`, up to and with the file's eos."""
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens if ignore_eos else None,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+        )
+    gaps = [float(a - b) for a, b in (step[0].float().topk(2).values for step in out.logits)]
+    return Reference(out.sequences[0, len(prompt_ids) :].tolist(), gaps)
+
+
+@pytest.mark.parametrize("name", ["Q4_1", "Q8_0", "Q4_0", "mixed"])
+def test_greedy_tokens_equal_transformers_gguf_loader(ggufs: dict[str, Path], name: str) -> None:
+    path = ggufs[name]
+    assert checkpoint_problem(path) is None
+    tokenizer = load_tokenizer(path)
+    prompts = [tokenizer.encode(text) for text in PROMPTS]
+    llm = LLM(model=str(path), dtype="float32")
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+    for ids, output in zip(prompts, outputs, strict=True):
+        got = list(output.outputs[0].token_ids)
+        assert_matches_reference(got, reference(path, ids, MAX_TOKENS), f"{name} {ids[:4]}")
+
+
+def test_weights_stay_in_blocks(ggufs: dict[str, Path]) -> None:
+    path = ggufs["Q4_1"]
+    loaded = load_engine_model(EngineConfig(model=str(path), dtype="float32"))
+    layer = loaded.model.layers[0]
+    assert isinstance(layer.attention.qkv, QuantizedLinear)
+    assert [p.quant for p in layer.attention.qkv.parts] == ["Q4_1"]  # q, k, v rows end to end
+    assert isinstance(loaded.model.lm_head, QuantizedLinear)  # untied: output.weight, Q4_1
+    # every weight in blocks: what the model holds is the file's tensors, plus rotary tables
+    rotary = resident_bytes(loaded.model.rotary)
+    assert resident_bytes(loaded.model) - rotary <= path.stat().st_size
+
+
+def test_config_tokenizer_and_refusals(ggufs: dict[str, Path], tmp_path: Path) -> None:
+    path = ggufs["mixed"]
+    config = load_model_config(path)
+    assert (config.num_layers, config.num_heads, config.num_kv_heads) == (2, 4, 2)
+    assert load_tokenizer(path).chat_template is not None
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF not really")
+    assert "is not a GGUF file Quire can load" in str(checkpoint_problem(broken))
+    (tmp_path / "folder.gguf").mkdir()
+    assert "is not a file" in str(checkpoint_problem(tmp_path / "folder.gguf"))
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf() -> Path:
+    return gguf_convert.packaged_gguf(SMOLLM2_GGUF, cache_dir=REPO / gguf_convert.DEFAULT_CACHE_DIR)
+
+
+def test_packaged_smollm2_q4_1_serves_as_it_is(smollm2_gguf: Path) -> None:
+    tokenizer = load_tokenizer(smollm2_gguf)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(question, add_generation_prompt=True)["input_ids"]
+    llm = LLM(model=str(smollm2_gguf), dtype="float32")
+    params = SamplingParams(max_tokens=32, temperature=0.0)
+    got = list(llm.generate([{"prompt_token_ids": ids}], params)[0].outputs[0].token_ids)
+    assert "Paris" in tokenizer.decode(got)
+    expected = reference(smollm2_gguf, ids, 32, ignore_eos=False)
+    assert_matches_reference(got, expected, "smollm2 Q4_1")
+    # resident weights (quantized blocks, float norms, rotary tables) against the file
+    assert resident_bytes(llm.engine.model) <= 1.15 * smollm2_gguf.stat().st_size
