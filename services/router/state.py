@@ -107,7 +107,12 @@ class RouterState:
             rate_limiter=RateLimiter.from_settings(settings),
             clients=clients,
             dispatcher=dispatcher,
-            stall_watch=StallWatch(StallDetector(settings.executor_stall_s), dispatcher, directory),
+            stall_watch=StallWatch(
+                StallDetector(settings.executor_stall_s),
+                dispatcher,
+                directory,
+                on_stalled=metrics.stalled_executors.inc,
+            ),
             metrics=metrics,
             max_model_len=max_model_len,
         )
