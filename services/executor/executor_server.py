@@ -178,6 +178,7 @@ class ExecutorServer:
             hash_extra_key=self.engine.scheduler.config.extra_key,
             draining=self.servicer is not None and self.servicer.draining,
             role=self.settings.role,
+            pull_cost_fraction=self.engine.scheduler.pull_costs.cost_fraction,
             waiting_for_memory_manager=alloc.is_recovering(self.engine.allocator),
         )
 

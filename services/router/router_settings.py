@@ -115,7 +115,8 @@ class RouterSettings(BaseSettings):
         default=0.25,
         ge=0,
         le=1,
-        description="prefix policy: what a pulled token costs as a fraction of a computed one",
+        description="prefix policy: what a pulled token costs as a fraction of a computed one, "
+        "for executors that have not published their own measured fraction yet",
     )
     routing_recent_s: float = Field(
         default=0.0,

@@ -97,7 +97,9 @@ def test_a_prefilled_and_handed_on_request_makes_the_offline_tokens(
         max_tokens=int(body["max_tokens"]),  # type: ignore[call-overload]
         ignore_eos=True,
     )
-    want = [o.token_ids for o in offline.generate([{"prompt_token_ids": prompt}], params)[0].outputs]
+    want = [
+        o.token_ids for o in offline.generate([{"prompt_token_ids": prompt}], params)[0].outputs
+    ]
     assert got == want
     after = [metrics(pd_stack, i) for i in range(2)]
     # Each output's first token came from the prefill executor, the rest from the decode one.

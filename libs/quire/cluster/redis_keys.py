@@ -96,6 +96,9 @@ class ExecutorRecord:
     # Which phase of a request it takes (ROLES): "prefill" runs a new request's prompt and
     # first token and hands each output on; "decode" takes those continuations; "both" all.
     role: str = "both"
+    # What a prompt token it pulled from a peer cost it as a fraction of one it computed, from
+    # its own measurements (quire.engine.pull_choice); None: not measured yet, or no pulls.
+    pull_cost_fraction: float | None = None
     # Its step waits for an unreachable memory manager (retrying): stalled on a dependency
     # that another executor of that manager would wait for too, so not hung.
     waiting_for_memory_manager: bool = False

@@ -22,7 +22,8 @@ turns that into one choice and the reason for it:
                      loaded executor out-scored the prefix holders.
 ``prefix_pull``      (executors that pull) the chosen executor holds fewer of the prompt's
                      blocks than another live one and will copy the rest from it: its
-                     score counts those tokens at `1 - pull_cost_fraction` of a cached one,
+                     score counts those tokens at `1 - pull_cost_fraction` of a cached one
+                     (the fraction the executor measured and published, else the config's),
                      so a conversation whose history sits on a busy executor can go to an
                      idle one, which pulls the history instead of computing it.
 ``prefix_capped``    the prefix is cached only on executors too loaded to take more (their
@@ -178,14 +179,20 @@ def choose_executor(
     # Blocks any live executor holds can be pulled by the others (draining ones still serve).
     most_cached = max(c.num_cached_blocks for c in candidates) if config.pulls else 0
 
+    def pull_cost_fraction(c: Candidate) -> float:
+        measured = c.record.pull_cost_fraction
+        return config.pull_cost_fraction if measured is None else measured
+
     def cached_tokens(c: Candidate) -> int:
         return c.num_cached_blocks * tokens_per_block
 
     def pulled_tokens(c: Candidate) -> int:
+        if pull_cost_fraction(c) >= 1:
+            return 0  # it measured pulling dearer than computing: it computes
         return max(0, most_cached - c.num_cached_blocks) * tokens_per_block
 
     def score(c: Candidate) -> float:
-        saved = cached_tokens(c) + pulled_tokens(c) * (1 - config.pull_cost_fraction)
+        saved = cached_tokens(c) + pulled_tokens(c) * (1 - pull_cost_fraction(c))
         return saved - config.load_cost_tokens * c.load - config.kv_cost_tokens * c.kv_usage
 
     holders = [c for c in eligible if c.num_cached_blocks > 0]
@@ -205,9 +212,7 @@ def choose_executor(
     # it, and hashing decides what is left.
     top = max(eligible, key=lambda c: rank[c.executor_id])
     tied = [c for c in eligible if c.load - least_load <= config.max_hash_load_gap]
-    best = max(
-        tied, key=lambda c: (c.is_home, -c.placed_share, rank[c.executor_id], -c.kv_usage)
-    )
+    best = max(tied, key=lambda c: (c.is_home, -c.placed_share, rank[c.executor_id], -c.kv_usage))
     if best is top:
         reason = "consistent_hash"
     elif top in tied:

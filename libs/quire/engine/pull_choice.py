@@ -36,6 +36,15 @@ class PullCostModel:
                 self.seconds_per_computed_token, seconds / num_tokens
             )
 
+    @property
+    def cost_fraction(self) -> float | None:
+        """A pulled token's cost as a fraction of a computed one's, once both are measured
+        (what this executor publishes for routers to weigh pullable blocks with)."""
+        pulled, computed = self.seconds_per_pulled_token, self.seconds_per_computed_token
+        if pulled is None or not computed:
+            return None
+        return pulled / computed
+
     def should_pull(self) -> bool:
         pulled, computed = self.seconds_per_pulled_token, self.seconds_per_computed_token
         return self.always or pulled is None or computed is None or pulled < computed

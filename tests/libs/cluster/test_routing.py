@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from quire.block.hashing import hash_full_blocks
@@ -199,3 +201,30 @@ def test_config_validation() -> None:
 def test_block_size_scales_cached_tokens() -> None:
     d = choose_executor([cand("ex-a", cached=3)], [b"x" * 16], PROMPT, RoutingConfig(block_size=8))
     assert d is not None and d.num_cached_tokens == 24
+
+
+def with_fraction(c: Candidate, fraction: float | None) -> Candidate:
+    return replace(c, record=replace(c.record, pull_cost_fraction=fraction))
+
+
+def test_pulled_blocks_are_weighed_at_each_executors_measured_cost() -> None:
+    # ex-a holds both blocks (32 tokens) and runs one request; ex-b and ex-c are idle and
+    # would pull. Pulled tokens count 1 - fraction each: at the default 0.25 an idle puller
+    # scores 24 against the holder's 32 - 16 = 16.
+    config = RoutingConfig(pulls=True)
+    holder = cand("ex-a", cached=2, running=1)
+    d = choose([holder, cand("ex-b"), cand("ex-c")], config=config)
+    assert d is not None and d.reason == "prefix_pull" and d.num_cached_tokens == 32
+    # Measured: ex-b pulls at 0.1 of a computed token (28.8), ex-c at 0.6 (12.8, below the
+    # holder's 16): ex-b.
+    d = choose(
+        [holder, with_fraction(cand("ex-b"), 0.1), with_fraction(cand("ex-c"), 0.6)],
+        config=config,
+    )
+    assert d is not None and (d.executor_id, d.reason) == ("ex-b", "prefix_pull")
+    # Executors that measured pulling dearer than computing are not counted as pullers.
+    d = choose(
+        [holder, with_fraction(cand("ex-b"), 1.5), with_fraction(cand("ex-c"), 1.0)],
+        config=config,
+    )
+    assert d is not None and (d.executor_id, d.reason) == ("ex-a", "prefix_hit")

@@ -37,3 +37,13 @@ def test_always_pulls_whatever_the_costs() -> None:
     assert not PullCostModel(
         seconds_per_pulled_token=1.0, seconds_per_computed_token=0.001
     ).should_pull()
+
+
+def test_cost_fraction_is_pulled_over_computed_once_both_are_measured() -> None:
+    model = PullCostModel(weight=1.0)
+    assert model.cost_fraction is None
+    model.observe_pull(100, 0.01)  # 0.1 ms per pulled token
+    assert model.cost_fraction is None
+    model.observe_compute(50, 0.1)  # 2 ms per computed token
+    assert model.cost_fraction == pytest.approx(0.05)
+    assert model.should_pull()
