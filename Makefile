@@ -18,6 +18,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: docs-config
 .PHONY: bench-preemption bench-pulls bench-disagg
 .PHONY: rolling-restart
+.PHONY: bench-moe
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -31,6 +32,7 @@ help:
 	@echo "make bench-step    memory-manager Step bytes/ms, full tables vs deltas -> bench/results/step_size.json"
 	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
 	@echo "make bench-preemption  preemption by swap vs recompute on a small KV pool -> bench/results/preemption.json"
+	@echo "make bench-moe     MoE experts: grouped GEMM vs the per-expert loop -> bench/results/moe_experts.json"
 	@echo "make bench-pulls   a prefix pulled from a peer executor vs computed -> bench/results/pulls.json"
 	@echo "make bench-disagg  prefill/decode executor roles vs two that take both -> bench/results/disaggregation.json"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
@@ -241,6 +243,12 @@ bench-disagg: model data redis $(RPC_STAMP) $(CPU_KERNELS)
 
 bench-kernels: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.decode_attention
+
+# A mixture-of-experts layer's experts: the grouped path (the CPU's default) against the
+# per-expert loop at Mixtral- and Qwen3-MoE-like shapes, decode batches to a prefill chunk, tokens/s
+# and same-run ratios (BENCH_MOE_ARGS, e.g. --threads 1, --dtypes bfloat16 or --quick).
+bench-moe: $(STAMP) $(CPU_KERNELS)
+	$(PY) -m benchmarks.moe_experts $(BENCH_MOE_ARGS)
 
 # Bytes and ms of one memory-manager Step at 16, 64, 256 running sequences, full tables vs
 # deltas, over a real servicer on a local socket (~1 min); BENCH_STEP_ARGS passes options.

@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from quire.kernels import triton_attention, triton_cache
+from quire.kernels import triton_attention, triton_cache, triton_experts
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -40,6 +40,7 @@ def _compile(
     constexprs: dict[str, object],
     num_warps: int,
     num_stages: int = 2,
+    pointers: dict[str, str] | None = None,  # element types of pointers not of the dtype
 ) -> None:
     # Non-pointer arguments are int32 (float for the softmax scale); a stride over a
     # contiguous last dim is 1 at run time, which Triton turns into a constant.
@@ -51,6 +52,8 @@ def _compile(
         elif name.endswith("_dim") and name.startswith("stride"):
             signature[name] = "constexpr"
             constants[name] = 1
+        elif pointers and name in pointers:
+            signature[name] = pointers[name]
         else:
             signature[name] = _argument_type(name, dtype)
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
@@ -103,6 +106,34 @@ def compile_all(
             dtype,
             {"BLOCK_NUMEL": 16 * 8 * 128, "COPY_TILE": triton_cache.COPY_TILE},
             num_warps=4,
+        )
+        compile_experts(torch_dtype)
+
+
+def compile_experts(torch_dtype: torch.dtype) -> None:
+    """The expert GEMM's two launches: gate/up (output in the dtype), down (float32 output,
+    rows scaled by their router weights)."""
+    dtype = DTYPES[torch_dtype]
+    tiles = {
+        "BLOCK_M": triton_experts.BLOCK_M,
+        "BLOCK_N": triton_experts.BLOCK_N,
+        "BLOCK_K": triton_experts.BLOCK_K,
+        "DOT_PRECISION": triton_experts.dot_precision(torch_dtype),
+        "DOT_IN_FLOAT32": False,
+    }
+    index = {"sorted_pairs_ptr": "*i64", "block_experts_ptr": "*i64", "weights_ptr": "*fp32"}
+    for rows_are_tokens, weighted, c_type in ((True, False, f"*{dtype}"), (False, True, "*fp32")):
+        _compile(
+            triton_experts._expert_gemm_kernel,
+            dtype,
+            {
+                **tiles,
+                "TOP_K": 2,
+                "A_ROWS_ARE_TOKENS": rows_are_tokens,
+                "MUL_ROUTED_WEIGHT": weighted,
+            },
+            num_warps=4,
+            pointers={**index, "c_ptr": c_type},
         )
 
 

@@ -9,7 +9,11 @@ from collections.abc import Iterator
 
 import pytest
 
-_KERNEL_MODULES = ("quire.kernels.triton_attention", "quire.kernels.triton_cache")
+_KERNEL_MODULES = (
+    "quire.kernels.triton_attention",
+    "quire.kernels.triton_cache",
+    "quire.kernels.triton_experts",
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -203,3 +203,20 @@ def test_default_backend_matches_reference_on_device(device: str) -> None:
     expected = reference.paged_decode_attention(query, *args, batch.context_lens, 0.125)
     torch.testing.assert_close(decode, expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(prefill, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("backend", "module"),
+    [("torch", "reference_experts"), ("cpp", "grouped_experts"), ("triton", "triton_experts")],
+)
+def test_expert_mlp_routes_to_its_backend(
+    monkeypatch: pytest.MonkeyPatch, backend: str, module: str
+) -> None:
+    monkeypatch.setenv(backends.BACKEND_ENV_VAR, backend)
+    chosen = backends.expert_mlp(torch.device("cpu"))
+    assert chosen.__name__ == f"quire.kernels.{module}"
+    called: list[str] = []
+    monkeypatch.setattr(chosen, "expert_mlp", lambda *args: called.append(module))
+    tensor = torch.zeros(1)
+    kernels.expert_mlp(tensor, tensor, tensor, tensor, tensor)
+    assert called == [module]

@@ -1,5 +1,6 @@
 """Quire's kernels: paged attention, the paged KV cache's writes and block copies, the fused
-RMSNorm and rotary ops of a decoder layer, and packed linears.
+RMSNorm and rotary ops of a decoder layer, packed linears, and the experts of a
+mixture-of-experts layer (reference_experts.py, grouped_experts.py, triton_experts.py).
 
 signatures.py writes each kernel family's signature once, as a Protocol, and three backends
 implement it: plain torch (reference.py, reference_fused.py), the oracle and the fallback; C++
@@ -21,6 +22,7 @@ from quire.kernels import backends, reference
 __all__ = [
     "add_rms_norm_",
     "copy_blocks",
+    "expert_mlp",
     "paged_decode_attention",
     "paged_prefill_attention",
     "plan_decode",
@@ -136,3 +138,14 @@ def rotary_embedding_(
 ) -> None:
     """signatures.FusedNormRotary.rotary_embedding_ on the backend for query's device."""
     backends.fused_norm_rotary(query.device).rotary_embedding_(positions, query, key, cos, sin)
+
+
+def expert_mlp(
+    x: torch.Tensor,
+    gate_up_t: torch.Tensor,
+    down_t: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+) -> torch.Tensor:
+    """signatures.ExpertMlp.expert_mlp on the backend for x's device."""
+    return backends.expert_mlp(x.device).expert_mlp(x, gate_up_t, down_t, experts, weights)

@@ -9,7 +9,9 @@ modules are imported.
 
 The backend follows each call's device (`kernel_backend`); a kernel family the backend does not
 implement runs on the torch reference: block copies have no C++ kernel and the fused norm and
-rotary ops no Triton one. Packed linears exist in C++ only, so they run where the CPU's backend
+rotary ops no Triton one. The experts of a mixture-of-experts layer run, where the CPU's
+backend is cpp, as torch's grouped GEMM (grouped_experts; faster than the reference's loop over
+experts, `make bench-moe`), and as the reference where it is torch. Packed linears exist in C++ only, so they run where the CPU's backend
 is cpp and the CPU has their instructions (`packed_linear`); elsewhere the model keeps its
 weights in another layout (quire.model.linear).
 
@@ -26,10 +28,18 @@ from typing import TypeVar
 
 import torch
 
-from quire.kernels import cpp_attention, cpp_fused, reference, reference_fused
+from quire.kernels import (
+    cpp_attention,
+    cpp_fused,
+    grouped_experts,
+    reference,
+    reference_experts,
+    reference_fused,
+)
 from quire.kernels import packed_linear as cpp_packed_linear
 from quire.kernels.signatures import (
     BlockCopy,
+    ExpertMlp,
     FusedNormRotary,
     KVCacheWrite,
     PackedLinear,
@@ -73,6 +83,12 @@ def _triton_block_copy() -> BlockCopy:
     return triton_cache
 
 
+def _triton_experts() -> ExpertMlp:
+    from quire.kernels import triton_experts
+
+    return triton_experts
+
+
 # family -> backend -> its module (loaded on first use); "torch" implements every family.
 PAGED_ATTENTION: Mapping[str, Callable[[], PagedAttention]] = {
     "torch": lambda: reference,
@@ -91,6 +107,11 @@ BLOCK_COPY: Mapping[str, Callable[[], BlockCopy]] = {
 FUSED_NORM_ROTARY: Mapping[str, Callable[[], FusedNormRotary]] = {
     "torch": lambda: reference_fused,
     "cpp": lambda: cpp_fused,
+}
+EXPERT_MLP: Mapping[str, Callable[[], ExpertMlp]] = {
+    "torch": lambda: reference_experts,
+    "cpp": lambda: grouped_experts,
+    "triton": _triton_experts,
 }
 
 
@@ -122,6 +143,11 @@ def block_copy(device: torch.device) -> BlockCopy:
 def fused_norm_rotary(device: torch.device) -> FusedNormRotary:
     """The fused RMSNorm and rotary ops for tensors of this device."""
     return _implementation(FUSED_NORM_ROTARY, device)
+
+
+def expert_mlp(device: torch.device) -> ExpertMlp:
+    """The mixture-of-experts expert MLPs for tensors of this device."""
+    return _implementation(EXPERT_MLP, device)
 
 
 def packed_linear(dtype: torch.dtype) -> PackedLinear | None:

@@ -1,8 +1,9 @@
 """Each kernel's signature, written once: one Protocol per kernel family.
 
 A backend implements a family as a module holding these functions under these names: the
-torch reference (reference.py, reference_fused.py), the C++ CPU kernels (cpp_attention.py,
-cpp_fused.py, packed_linear.py) and the Triton kernels (triton_attention.py, triton_cache.py).
+torch reference (reference.py, reference_fused.py, reference_experts.py), the C++ CPU kernels
+(cpp_attention.py, cpp_fused.py, packed_linear.py), torch's grouped GEMM (grouped_experts.py) and
+the Triton kernels (triton_attention.py, triton_cache.py, triton_experts.py).
 quire.kernels.backends picks the module for a call, and mypy checks there that each module
 fits its family. Arguments, shapes and meaning are documented here only; a backend's own
 docstrings say what is particular to it (what it checks, what it trusts, how it computes).
@@ -156,4 +157,21 @@ class PackedLinear(Protocol):
         out_features: int,
     ) -> torch.Tensor:  # [num_rows, out_features], x's dtype
         """x @ W^T + bias for the weight `packed` holds."""
+        ...
+
+
+class ExpertMlp(Protocol):
+    """A mixture-of-experts layer's SwiGLU experts over its routed tokens. Its oracle is the
+    per-expert loop of reference_experts.py."""
+
+    def expert_mlp(
+        self,
+        x: torch.Tensor,  # [num_tokens, hidden]
+        gate_up_t: torch.Tensor,  # [num_experts, hidden, 2 * intermediate], gate columns first
+        down_t: torch.Tensor,  # [num_experts, intermediate, hidden]
+        experts: torch.Tensor,  # [num_tokens, top_k] int64: each token's experts
+        weights: torch.Tensor,  # [num_tokens, top_k] float32: their router weights
+    ) -> torch.Tensor:  # [num_tokens, hidden], x's dtype
+        """sum_j weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = experts[t, j],
+        summed in float32 and rounded to x's dtype once."""
         ...

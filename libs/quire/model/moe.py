@@ -1,10 +1,11 @@
 """Sparse mixture-of-experts MLP: a router picks each token's top-k SwiGLU experts and the
 token's output is their outputs weighted by the router's probabilities.
 
-The experts run grouped: the (token, expert) pairs are sorted by expert, each expert multiplies
-the rows routed to it in one GEMM, and the weighted rows are added back to their tokens. The
-Python loop is over the experts a batch uses, never over tokens. `reference_sparse_moe` is the
-plain oracle: every expert over every token, masked.
+The experts run grouped (quire.kernels.expert_mlp): the (token, expert) pairs are sorted by
+expert, each expert multiplies all the rows routed to it at once (torch's grouped GEMM on the
+CPU, a Triton kernel on CUDA, the per-expert loop as their oracle), and the weighted rows are
+added back to their tokens. `reference_sparse_moe` is the plain oracle of the whole layer:
+every expert over every token, masked.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import quire.kernels as kernels
 from quire.model.layers import CheckpointTensors
 from quire.model.model_config import MoeConfig
 
@@ -80,24 +82,8 @@ class SparseMoE:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """`[num_tokens, hidden]` -> the experts' weighted sum, same shape."""
         experts, weights = route(F.linear(x.float(), self.router), self.top_k, self.normalize)
-        # Sort the num_tokens * top_k (token, expert) pairs by expert: pair p is token p // k.
-        flat_experts = experts.flatten()
-        order = torch.argsort(flat_experts, stable=True)
-        tokens = order // self.top_k  # [num_pairs]: each sorted pair's token
-        rows = x[tokens]  # [num_pairs, hidden], grouped by expert
-        counts = torch.bincount(flat_experts, minlength=self.num_experts).tolist()
-        out = torch.empty_like(rows)
-        start = 0
-        for e, count in enumerate(counts):
-            if count:
-                end = start + count
-                gate, up = torch.mm(rows[start:end], self.gate_up_t[e]).chunk(2, dim=-1)
-                torch.mm(F.silu(gate) * up, self.down_t[e], out=out[start:end])
-                start = end
         # Weighted and summed per token in float32, rounded once to the activation dtype.
-        weighted = out.float() * weights.flatten()[order].unsqueeze(1)
-        summed = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        return summed.index_add_(0, tokens, weighted).to(x.dtype)
+        return kernels.expert_mlp(x, self.gate_up_t, self.down_t, experts, weights)
 
 
 def reference_sparse_moe(moe: SparseMoE, x: torch.Tensor) -> torch.Tensor:
