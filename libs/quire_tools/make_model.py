@@ -51,6 +51,15 @@ _COMMON: dict[str, Any] = {
     "max_position_embeddings": 2048,
     "tie_word_embeddings": False,
 }
+# Gemma 2 and 3: gelu MLPs, tied embeddings, (1 + weight) norms.
+_GEMMA: dict[str, Any] = {
+    **_COMMON,
+    "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+}
 _LLAMA: dict[str, Any] = {
     **_COMMON,
     "architectures": ["LlamaForCausalLM"],
@@ -208,6 +217,58 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sliding_window": None,
         **_rope(10000.0),
     },
+    # Mistral-7B-v0.1's sliding window over every layer, shorter than the test prompts.
+    "tiny-mistral-window": {
+        **_COMMON,
+        **_TINY_SHAPE,
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "head_dim": 32,
+        "sliding_window": 24,
+        **_rope(10000.0),
+    },
+    # Gemma 2: sliding and global layers alternating (window 16), attention and final logit
+    # soft caps low enough to change the tokens, query_pre_attn_scalar unlike head_dim.
+    "tiny-gemma2": {
+        **_GEMMA,
+        **_TINY_SHAPE,
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "head_dim": 64,  # q_proj 4 * 64 = 256 wide, twice hidden_size
+        "intermediate_size": 256,
+        "sliding_window": 16,
+        "query_pre_attn_scalar": 48,
+        "attn_logit_softcapping": 3.0,
+        "final_logit_softcapping": 15.0,
+        **_rope(10000.0),
+    },
+    # Gemma 3 (text): per-head q/k norms, head_dim 128 with one kv head, a global layer among
+    # sliding ones (window 24), rope bases 1e6 (global) and 1e4 (sliding).
+    "tiny-gemma3": {
+        **_GEMMA,
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "sliding_window": 24,
+        "layer_types": [
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+        ],
+        "query_pre_attn_scalar": 128,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    },
 }
 
 
@@ -275,7 +336,9 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
     head_dim = config.get("head_dim") or hidden // num_heads
     tied = config["tie_word_embeddings"]
     qkv_bias = config["model_type"] == "qwen2"
-    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe")
+    qk_norm = config["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
+    # Gemma's norms scale by 1 + weight: its stored weights are the others' minus 1
+    norm_offset = 1.0 if config["model_type"] in ("gemma2", "gemma3_text") else 0.0
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     proj_std = 1.0 / math.sqrt(hidden)
     qk_std = scales.qk_gain * proj_std
@@ -289,7 +352,7 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
     final_norm_mean = scales.logit_std / (lm_head_std * math.sqrt(hidden))
 
     def norm(name: str, mean: float = 1.0, size: int = hidden) -> TensorSpec:
-        return TensorSpec(name, (size,), mean, mean * scales.norm_jitter)
+        return TensorSpec(name, (size,), mean - norm_offset, mean * scales.norm_jitter)
 
     def linear(name: str, out_features: int, in_features: int, std: float) -> list[TensorSpec]:
         specs = [TensorSpec(f"{name}.weight", (out_features, in_features), 0.0, std)]
@@ -309,6 +372,9 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
             specs.append(norm(f"{attn}.q_norm.weight", scales.qk_gain, head_dim))
             specs.append(norm(f"{attn}.k_norm.weight", scales.qk_gain, head_dim))
         specs.append(norm(f"model.layers.{i}.post_attention_layernorm.weight"))
+        if norm_offset:  # Gemma norms the MLP's input and its output too
+            specs.append(norm(f"model.layers.{i}.pre_feedforward_layernorm.weight"))
+            specs.append(norm(f"model.layers.{i}.post_feedforward_layernorm.weight"))
         if i in sparse_layers(config):
             specs += _expert_specs(config, i, proj_std)
             continue

@@ -58,8 +58,11 @@ class DecoderModel:
         self.embed = take.weight("model.embed_tokens.weight")  # float or quantized
         self.linear_backend = linear_backend(self.embed.dtype, device, shapes=self.linear_shapes())
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_model_len, device)
-        self.paged_attention = PagedAttention(
-            config.num_heads, config.num_kv_heads, config.head_dim, config.scale
+        # the sliding layers' own rotary table where their rope differs (Gemma 3)
+        self.local_rotary = (
+            RotaryEmbedding(config.local_rope, config.head_dim, config.max_model_len, device)
+            if config.local_rope is not None
+            else self.rotary
         )
         self.layers = [self.load_layer(take, i) for i in range(config.num_layers)]
         self.norm = take("model.norm.weight")
@@ -82,6 +85,19 @@ class DecoderModel:
             (c.hidden_size, c.intermediate_size),
         )
 
+    def layer_paged_attention(self, i: int) -> PagedAttention:
+        """Layer `i`'s paged attention: the model's heads and scale, the layer's window and
+        the model's attention soft cap."""
+        c = self.config
+        return PagedAttention(
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.scale,
+            c.attention.window(i),
+            c.attention.logits_soft_cap,
+        )
+
     def load_layer(self, take: CheckpointTensors, i: int) -> DecoderLayer:
         """Layer `i`: its norms and `self_attn` under the names every supported architecture
         uses, and the MLP this architecture's `load_mlp` builds."""
@@ -91,8 +107,8 @@ class DecoderModel:
             prefix + "self_attn.",
             self.config,
             self.linear_backend,
-            self.rotary,
-            self.paged_attention,
+            self.local_rotary if self.config.attention.window(i) else self.rotary,
+            self.layer_paged_attention(i),
             qk_norm=self.qk_norm,
             fused=self.fused_qkv,
         )

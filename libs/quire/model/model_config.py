@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
+from quire.model.attention_layout import AttentionLayout, attention_layout_from_hf
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "MoeConfig", "RopeConfig"]
 
@@ -97,6 +98,11 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...] = ()
     torch_dtype: str = "float32"  # dtype the checkpoint was saved in
     moe: MoeConfig | None = None  # sparse expert MLPs (Qwen3-MoE, Mixtral); None: all dense
+    # sliding layers and their window, attention soft cap, query scaling (Mistral, Gemma)
+    attention: AttentionLayout = field(default_factory=AttentionLayout)
+    local_rope: RopeConfig | None = None  # the sliding layers' rotary, where it differs (Gemma 3)
+    final_logit_soft_cap: float | None = None  # logits -> cap * tanh(logit / cap) (Gemma)
+    hidden_activation: str = "silu"  # the gated MLP's activation (Gemma: gelu_pytorch_tanh)
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -111,10 +117,16 @@ class ModelConfig:
             )
         if self.moe and not all(0 <= i < self.num_layers for i in self.moe.sparse_layers):
             raise ValueError(f"sparse layers {self.moe.sparse_layers} outside the model's layers")
+        if not all(0 <= i < self.num_layers for i in self.attention.sliding_layers):
+            raise ValueError(
+                f"sliding layers {self.attention.sliding_layers} outside the model's layers"
+            )
 
     @property
     def scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim)
+        """The softmax scale: query_pre_attn_scalar**-0.5 where the config names one (Gemma),
+        else head_dim**-0.5."""
+        return 1.0 / math.sqrt(self.attention.query_pre_attn_scalar or self.head_dim)
 
     @classmethod
     def from_pretrained(cls, path: str | Path) -> ModelConfig:
@@ -136,11 +148,6 @@ class ModelConfig:
         if arch is None:
             raise ValueError(unsupported_message(", ".join(archs) or hf.model_type))
         max_len = int(hf.max_position_embeddings)
-        # Sliding-window attention is exact full attention up to the window: cap there. Qwen
-        # configs name a window that applies only with use_sliding_window.
-        window = getattr(hf, "sliding_window", None)
-        if window and getattr(hf, "use_sliding_window", True):
-            max_len = min(max_len, int(window))
         eos = hf.eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
         heads = int(hf.num_attention_heads)
@@ -166,6 +173,12 @@ class ModelConfig:
             eos_token_ids=eos_ids,
             torch_dtype=str(getattr(hf, "dtype", None) or "float32").removeprefix("torch."),
             moe=_moe_from_hf(hf, arch),
+            attention=attention_layout_from_hf(hf, attention_soft_cap=arch == "Gemma2ForCausalLM"),
+            local_rope=_rope_from_hf(hf, "sliding_attention") if _has_layer_ropes(hf) else None,
+            final_logit_soft_cap=getattr(hf, "final_logit_softcapping", None),
+            hidden_activation=str(
+                getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", "silu")
+            ),
         )
 
 
@@ -197,8 +210,17 @@ def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
     return None
 
 
-def _rope_from_hf(hf: Any) -> RopeConfig:
+def _has_layer_ropes(hf: Any) -> bool:
+    """Whether rope_parameters is keyed by layer type (Gemma 3: a base per type)."""
+    return isinstance(getattr(hf, "rope_parameters", None), dict) and all(
+        isinstance(value, dict) for value in hf.rope_parameters.values()
+    )
+
+
+def _rope_from_hf(hf: Any, layer_type: str = "full_attention") -> RopeConfig:
     params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    if _has_layer_ropes(hf):
+        params = dict(params[layer_type])
     theta = params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it

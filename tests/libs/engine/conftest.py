@@ -22,8 +22,13 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """quire-tiny plus random configurations: MQA with llama3 rope; Qwen2 bias + tied; Qwen3
-    (q/k norms, head_dim 48); Qwen3-MoE (4 experts, a dense layer); Mixtral (8 experts); Phi-3
-    (fused qkv and gate_up; head_dim 64, and 128 with LongRoPE over 3/4 of each head)."""
+        (q/k norms, head_dim 48); Qwen3-MoE (4 experts, a dense layer); Mixtral (8 experts); Phi-3
+        (fused qkv and gate_up; head_dim 64, and 128 with LongRoPE over 3/4 of each head); Mistral
+        with a 24-token window on every layer; Gemma 2 (alternating 16-token windows, soft caps,
+        head_dim 64, GQA 2); Gemma 3 (q/k norms, head_dim 128, MQA, a global layer among 24-token
+        windows, two rope bases); DeepSeek-V2 (MLA's latent cache, shared + routed experts: V2-Lite's
+    shape with YaRN and a dense first layer, and one with q_lora_rank and top-1 of 4 experts).
+    Every window is shorter than most test prompts."""
     root = tmp_path_factory.mktemp("zoo")
     return {
         "tiny": tiny_model,
@@ -34,6 +39,15 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         "tiny-mixtral": make_checkpoint(root / "mixtral", "tiny-mixtral", seed=5),
         "tiny-phi3": make_checkpoint(root / "phi3", "tiny-phi3", seed=6),
         "tiny-phi3-longrope": make_checkpoint(root / "phi3-longrope", "tiny-phi3-longrope", seed=7),
+        "tiny-mistral-window": make_checkpoint(
+            root / "mistral-window", "tiny-mistral-window", seed=8
+        ),
+        "tiny-gemma2": make_checkpoint(root / "gemma2", "tiny-gemma2", seed=9),
+        "tiny-gemma3": make_checkpoint(root / "gemma3", "tiny-gemma3", seed=10),
+        "tiny-deepseek-v2": make_checkpoint(root / "deepseek-v2", "tiny-deepseek-v2", seed=11),
+        "tiny-deepseek-v2-q-lora": make_checkpoint(
+            root / "deepseek-v2-q-lora", "tiny-deepseek-v2-q-lora", seed=12
+        ),
     }
 
 

@@ -51,6 +51,11 @@ MODELS = [
     "tiny-qwen3-moe",
     "tiny-mixtral",
     "tiny-phi3",
+    "tiny-mistral-window",
+    "tiny-gemma2",
+    "tiny-gemma3",
+    "tiny-deepseek-v2",
+    "tiny-deepseek-v2-q-lora",
 ]
 # Run under Quire's own packed kernel too. The other architectures' dense projections are the
 # same Linear layers, so the measured choice covers them.
