@@ -208,6 +208,68 @@ PRESETS: dict[str, dict[str, Any]] = {
             "long_factor": [1.0 + 0.75 * i for i in range(48)],
         },
     },
+    # DeepSeek-V2-Lite's shape, scaled down: MLA with no query compression (q_proj), a dense
+    # first layer, then 8 routed experts (top-2) beside 2 shared ones, and YaRN rope.
+    "tiny-deepseek-v2": {
+        **_COMMON,
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_size": 128,
+        "intermediate_size": 256,  # the dense layer's
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "q_lora_rank": None,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 48,  # q . k over 48 + 16 = 64 dims per head
+        "qk_rope_head_dim": 16,
+        "v_head_dim": 32,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 2,
+        "moe_intermediate_size": 48,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 1.0,
+        "topk_method": "greedy",
+        "norm_topk_prob": False,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 512,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+    },
+    # DeepSeek-V2's own kind of shape: queries through a low rank (q_lora_rank), q . k over
+    # 96 + 32 = 128 dims per head, every layer sparse with top-1 of 4 experts scaled by 2.5
+    # beside one shared expert, plain rope.
+    "tiny-deepseek-v2-q-lora": {
+        **_COMMON,
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "q_lora_rank": 64,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 96,
+        "qk_rope_head_dim": 32,
+        "v_head_dim": 64,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 1,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 64,
+        "first_k_dense_replace": 0,
+        "routed_scaling_factor": 2.5,
+        "topk_method": "greedy",
+        "norm_topk_prob": False,
+        **_rope(10000.0),
+    },
     "tiny-mistral": {
         **_COMMON,
         **_TINY_SHAPE,
@@ -364,6 +426,16 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
     for i in range(config["num_hidden_layers"]):
         attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
         specs.append(norm(f"model.layers.{i}.input_layernorm.weight"))
+        if config["model_type"] == "deepseek_v2":
+            specs += _mla_specs(config, attn, scales)
+            specs.append(norm(f"model.layers.{i}.post_attention_layernorm.weight"))
+            if i in sparse_layers(config):
+                specs += _expert_specs(config, i, proj_std)
+                continue
+            specs += linear(f"{mlp}.gate_proj", inter, hidden, proj_std)
+            specs += linear(f"{mlp}.up_proj", inter, hidden, proj_std)
+            specs += linear(f"{mlp}.down_proj", hidden, inter, inter**-0.5)
+            continue
         specs += linear(f"{attn}.q_proj", q_size, hidden, qk_std)
         specs += linear(f"{attn}.k_proj", kv_size, hidden, qk_std)
         specs += linear(f"{attn}.v_proj", kv_size, hidden, proj_std)
@@ -395,13 +467,47 @@ def sparse_layers(config: dict[str, Any]) -> set[int]:
     if config["model_type"] == "qwen3_moe":
         dense, step = set(config["mlp_only_layers"]), config["decoder_sparse_step"]
         return {i for i in range(num_layers) if i not in dense and (i + 1) % step == 0}
+    if config["model_type"] == "deepseek_v2":
+        return set(range(config["first_k_dense_replace"], num_layers))
     return set()
+
+
+def _mla_specs(config: dict[str, Any], attn: str, scales: InitScales) -> list[TensorSpec]:
+    """DeepSeek-V2's attention: q (direct or through q_lora_rank), the latent and rotary key
+    (kv_a_proj_with_mqa), the latent's norm, its up-projection to keys and values (kv_b_proj)."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    nope, rope, v = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    lora, q_lora = config["kv_lora_rank"], config["q_lora_rank"]
+    q_rows = heads * (nope + rope)
+
+    def spec(name: str, shape: tuple[int, ...], std: float, mean: float = 0.0) -> TensorSpec:
+        return TensorSpec(f"{attn}.{name}", shape, mean, std)
+
+    def norm(name: str, size: int) -> TensorSpec:
+        return spec(name, (size,), scales.norm_jitter, 1.0)
+
+    if q_lora is None:
+        specs = [spec("q_proj.weight", (q_rows, hidden), scales.qk_gain * hidden**-0.5)]
+    else:
+        specs = [
+            spec("q_a_proj.weight", (q_lora, hidden), hidden**-0.5),
+            norm("q_a_layernorm.weight", q_lora),
+            spec("q_b_proj.weight", (q_rows, q_lora), scales.qk_gain * q_lora**-0.5),
+        ]
+    return specs + [
+        spec("kv_a_proj_with_mqa.weight", (lora + rope, hidden), hidden**-0.5),
+        norm("kv_a_layernorm.weight", lora),
+        # keys and values from the (normalized) latent: keys at qk_gain, as q_proj's are
+        spec("kv_b_proj.weight", (heads * (nope + v), lora), scales.qk_gain * lora**-0.5),
+        spec("o_proj.weight", (hidden, heads * v), (heads * v) ** -0.5),
+    ]
 
 
 # model_type -> (MoE block, router, expert gate, up, down) names in the checkpoint
 _EXPERT_NAMES = {
     "qwen3_moe": ("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
     "mixtral": ("block_sparse_moe", "gate", "w1", "w3", "w2"),
+    "deepseek_v2": ("mlp", "gate", "gate_proj", "up_proj", "down_proj"),
 }
 
 
@@ -409,7 +515,9 @@ def _expert_specs(config: dict[str, Any], layer: int, proj_std: float) -> list[T
     block, router, gate, up, down = _EXPERT_NAMES[config["model_type"]]
     prefix = f"model.layers.{layer}.{block}"
     hidden = config["hidden_size"]
-    num_experts = config.get("num_experts") or config["num_local_experts"]
+    num_experts = (
+        config.get("num_experts") or config.get("n_routed_experts") or config["num_local_experts"]
+    )
     inter = config.get("moe_intermediate_size") or config["intermediate_size"]
     specs = [TensorSpec(f"{prefix}.{router}.weight", (num_experts, hidden), 0.0, proj_std)]
     for e in range(num_experts):
@@ -417,6 +525,11 @@ def _expert_specs(config: dict[str, Any], layer: int, proj_std: float) -> list[T
         specs.append(TensorSpec(f"{expert}.{gate}.weight", (inter, hidden), 0.0, proj_std))
         specs.append(TensorSpec(f"{expert}.{up}.weight", (inter, hidden), 0.0, proj_std))
         specs.append(TensorSpec(f"{expert}.{down}.weight", (hidden, inter), 0.0, inter**-0.5))
+    if config.get("n_shared_experts"):  # DeepSeek-V2: one SwiGLU as wide as all shared experts
+        shared, width = f"{prefix}.shared_experts", inter * config["n_shared_experts"]
+        specs.append(TensorSpec(f"{shared}.gate_proj.weight", (width, hidden), 0.0, proj_std))
+        specs.append(TensorSpec(f"{shared}.up_proj.weight", (width, hidden), 0.0, proj_std))
+        specs.append(TensorSpec(f"{shared}.down_proj.weight", (hidden, width), 0.0, width**-0.5))
     return specs
 
 

@@ -21,6 +21,8 @@ TEST_PRESETS = [
     "tiny-mixtral",
     "tiny-phi3",
     "tiny-phi3-longrope",
+    "tiny-deepseek-v2",
+    "tiny-deepseek-v2-q-lora",
 ]
 # Mixed scripts, emoji with ZWJ, a decomposed accent (non-NFC), tabs and runs of spaces.
 UTF8_TEXT = "Héllo wörld — 你好，世界 😀👩‍💻 Καλημέρα, Привет!\n\tdef f(x):  return x**2  e\u0301"
@@ -127,6 +129,18 @@ def test_variant_features_reach_transformers(checkpoints: dict[str, Path]) -> No
     experts = mixtral.model.layers[0].mlp.experts
     assert experts.gate_up_proj.shape == (8, 2 * 192, 128)
     assert mixtral.config.num_experts_per_tok == 2
+
+    lite = AutoModelForCausalLM.from_pretrained(checkpoints["tiny-deepseek-v2"])
+    kinds = [type(layer.mlp).__name__ for layer in lite.model.layers]
+    assert kinds == ["DeepseekV2MLP", "DeepseekV2Moe", "DeepseekV2Moe"]
+    attn = lite.model.layers[0].self_attn
+    assert attn.q_proj is not None and attn.kv_a_proj_with_mqa.weight.shape == (64 + 16, 128)
+    assert lite.model.layers[1].mlp.shared_experts.gate_proj.weight.shape == (2 * 48, 128)
+    assert lite.config.rope_parameters["rope_type"] == "yarn"
+    q_lora = AutoModelForCausalLM.from_pretrained(checkpoints["tiny-deepseek-v2-q-lora"])
+    attn = q_lora.model.layers[0].self_attn
+    assert attn.q_proj is None and attn.q_b_proj.weight.shape == (2 * (96 + 32), 64)
+    assert q_lora.config.routed_scaling_factor == 2.5
 
 
 @pytest.mark.parametrize("name", ["tiny", "tiny-qwen2", "tiny-qwen3"])

@@ -4,8 +4,9 @@ The model reads and writes these tensors through slot mappings and block tables;
 else that moves a block's KV goes through two methods here:
 
 - `read_blocks(block_ids)` gathers whole blocks into one contiguous buffer on the host,
-  `[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]` in the cache's dtype,
-  so each block is one contiguous span (every layer's keys, then its values);
+  `[num_blocks, num_layers, num_planes, block_size, num_kv_heads, head_dim]` in the cache's
+  dtype, so each block is one contiguous span (every layer's keys, then its values; an MLA
+  layer's one latent plane);
 - `write_blocks(block_ids, buffer)` scatters such a buffer into the given blocks.
 
 The interface is about block ids and bytes, not about why they move: swapping preempted
@@ -16,6 +17,7 @@ executor can send the same buffers. `copy_blocks` (copy-on-write) stays on the d
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -24,14 +26,41 @@ from quire.model.attention import KVCache
 from quire.model.model_config import ModelConfig
 
 
+@dataclass(frozen=True)
+class LayerCacheShape:
+    """What one layer caches per token: `num_planes` tensors of `[num_heads, head_dim]`."""
+
+    num_planes: int  # 2: a key and a value; 1: MLA's latent (its keys and values are maps of it)
+    num_heads: int
+    head_dim: int
+
+    @property
+    def elements_per_token(self) -> int:
+        return self.num_planes * self.num_heads * self.head_dim
+
+
+def layer_cache_shape(config: ModelConfig) -> LayerCacheShape:
+    """A Llama-style layer caches K and V per KV head; an MLA layer one latent, the rotary key
+    after it (kv_lora_rank + qk_rope_head_dim values: 576 in DeepSeek-V2-Lite)."""
+    if config.mla is not None:
+        return LayerCacheShape(1, 1, config.mla.latent_dim)
+    return LayerCacheShape(2, config.num_kv_heads, config.head_dim)
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes one token's KV takes across all layers: what the pool's capacity is counted in."""
+    elem = torch.empty(0, dtype=dtype).element_size()
+    return config.num_layers * layer_cache_shape(config).elements_per_token * elem
+
+
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes one block takes across all layers, keys and values."""
-    elem = torch.empty(0, dtype=dtype).element_size()
-    return 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim * elem
+    return block_size * kv_bytes_per_token(config, dtype)
 
 
 class PagedKVCache:
-    """Every layer's key and value blocks: `[num_blocks, block_size, num_kv_heads, head_dim]`."""
+    """Every layer's blocks, per plane (key and value; MLA: the latent):
+    `[num_blocks, block_size, num_kv_heads, head_dim]` each."""
 
     def __init__(
         self,
@@ -45,17 +74,15 @@ class PagedKVCache:
         self.block_size = block_size
         self.dtype = dtype
         self.device = device
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        layer = layer_cache_shape(config)
+        shape = (num_blocks, block_size, layer.num_heads, layer.head_dim)
         # Zeroed, not empty: never-written slots must not hold NaNs a masked kernel could touch.
         self.layers: list[KVCache] = [
-            (
-                torch.zeros(shape, dtype=dtype, device=device),
-                torch.zeros(shape, dtype=dtype, device=device),
-            )
+            tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer.num_planes))
             for _ in range(config.num_layers)
         ]
-        # One block in a host buffer: [num_layers, 2, block_size, num_kv_heads, head_dim].
-        self.block_shape = (config.num_layers, 2, *shape[1:])
+        # One block in a host buffer: [num_layers, num_planes, block_size, heads, head_dim].
+        self.block_shape = (config.num_layers, layer.num_planes, *shape[1:])
         self.bytes_per_block = kv_bytes_per_block(config, block_size, dtype)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
@@ -63,24 +90,27 @@ class PagedKVCache:
         if not copies:
             return
         mapping = torch.tensor(copies, dtype=torch.int64, device=self.device)
-        kernels.copy_blocks([k for k, _ in self.layers], [v for _, v in self.layers], mapping)
+        # An MLA layer's one plane goes as its key and its value: copied twice, and copies
+        # are rare (the partial block of an n > 1 fork).
+        keys, values = [planes[0] for planes in self.layers], [p[-1] for p in self.layers]
+        kernels.copy_blocks(keys, values, mapping)
 
     def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
         """The KV of `block_ids`, in that order, as one contiguous host buffer.
 
-        Returns `[len(block_ids), num_layers, 2, block_size, num_kv_heads, head_dim]` on the
+        Returns `[len(block_ids), num_layers, num_planes, block_size, heads, head_dim]` on the
         CPU (pinned when the cache is on CUDA); row i is block_ids[i]'s bytes, bit for bit.
         """
         self._check_ids(block_ids)
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
-        # gathered: [n, num_layers, 2, block_size, num_kv_heads, head_dim] on the device,
+        # gathered: [n, num_layers, num_planes, block_size, heads, head_dim] on the device,
         # each layer's rows selected straight into it (no per-layer temporaries to stack)
         gathered = torch.empty(
             (len(block_ids), *self.block_shape), dtype=self.dtype, device=self.device
         )
-        for layer, (k, v) in enumerate(self.layers):
-            torch.index_select(k, 0, ids, out=gathered[:, layer, 0])
-            torch.index_select(v, 0, ids, out=gathered[:, layer, 1])
+        for layer, planes in enumerate(self.layers):
+            for plane, cache in enumerate(planes):
+                torch.index_select(cache, 0, ids, out=gathered[:, layer, plane])
         if self.device.type == "cpu":
             return gathered
         host = torch.empty(gathered.shape, dtype=self.dtype, pin_memory=True)
@@ -100,9 +130,9 @@ class PagedKVCache:
             return
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
         data = buffer.to(self.device, non_blocking=buffer.is_pinned())
-        for layer, (k, v) in enumerate(self.layers):
-            k.index_copy_(0, ids, data[:, layer, 0])
-            v.index_copy_(0, ids, data[:, layer, 1])
+        for layer, planes in enumerate(self.layers):
+            for plane, cache in enumerate(planes):
+                cache.index_copy_(0, ids, data[:, layer, plane])
 
     def _check_ids(self, block_ids: Sequence[int]) -> None:
         bad = [b for b in block_ids if not 0 <= b < self.num_blocks]

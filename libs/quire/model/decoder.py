@@ -35,12 +35,27 @@ class Mlp(Protocol):
         ...
 
 
+class SelfAttention(Protocol):
+    """A layer's attention over its paged cache: Attention or MlaAttention."""
+
+    @property
+    def num_params(self) -> int:
+        """The projections' weights (FLOP counts)."""
+        ...
+
+    def __call__(
+        self, x: torch.Tensor, positions: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """`[num_tokens, hidden]` -> the same shape, this step's cache entries written."""
+        ...
+
+
 @dataclass
 class DecoderLayer:
     """One pre-norm decoder layer: x += attention(norm(x)); x += mlp(norm(x))."""
 
     input_norm: torch.Tensor  # [hidden]
-    attention: Attention
+    attention: SelfAttention
     post_norm: torch.Tensor  # [hidden]
     mlp: Mlp
 

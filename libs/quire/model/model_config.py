@@ -9,16 +9,17 @@ from typing import Any
 
 from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
 from quire.model.attention_layout import AttentionLayout, attention_layout_from_hf
+from quire.model.yarn import yarn_attention_factor, yarn_mscale
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "ModelConfig", "MoeConfig", "RopeConfig"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "MlaConfig", "ModelConfig", "MoeConfig", "RopeConfig"]
 
 
-ROPE_TYPES = ("default", "linear", "llama3", "longrope")
+ROPE_TYPES = ("default", "linear", "llama3", "longrope", "yarn")
 
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary embedding parameters (rope_type default | linear | llama3 | longrope)."""
+    """Rotary embedding parameters (rope_type default | linear | llama3 | longrope | yarn)."""
 
     rope_type: str = "default"
     theta: float = 10000.0
@@ -33,6 +34,12 @@ class RopeConfig:
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
     partial_rotary_factor: float = 1.0  # share of each head's dims that rotate (the first ones)
+    # yarn (DeepSeek-V2): pairs turning more than beta_fast times over the original context
+    # keep their frequency, fewer than beta_slow are divided by factor, a linear ramp between
+    # (its ends rounded outward when truncate); attention_factor scales cos and sin.
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
     def __post_init__(self) -> None:
         if self.rope_type not in ROPE_TYPES:
@@ -64,6 +71,10 @@ class MoeConfig:
     intermediate_size: int  # each expert's SwiGLU width
     normalize_top_k: bool  # renormalize the top-k router probabilities to sum to 1
     sparse_layers: tuple[int, ...]  # layer indices whose MLP is sparse; the rest are dense
+    # DeepSeek-V2: a SwiGLU every token runs through beside its routed experts, as wide as
+    # this many experts (0: none), and the factor the routed experts' weights are scaled by.
+    num_shared_experts: int = 0
+    routed_scaling_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -73,6 +84,36 @@ class MoeConfig:
             )
         if self.intermediate_size < 1:
             raise ValueError("the experts' intermediate size must be >= 1")
+        if self.num_shared_experts < 0:
+            raise ValueError("n_shared_experts must be >= 0")
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2): each token caches one compressed latent
+    (kv_lora_rank wide) and one rotary key shared by all heads; every head's keys and values
+    are linear maps of that latent."""
+
+    kv_lora_rank: int  # the latent's width
+    qk_nope_head_dim: int  # each head's query and key dims without rotary
+    qk_rope_head_dim: int  # each head's rotary dims (the rotary key is one for all heads)
+    v_head_dim: int  # each head's value dims
+    q_lora_rank: int | None  # queries through a low-rank q_a -> RMSNorm -> q_b; None: q_proj
+    # (qk_nope + qk_rope)^-0.5, times YaRN's mscale(factor, mscale_all_dim)^2 where the rope
+    # is scaled and the config names mscale_all_dim (transformers' DeepSeek-V2 scaling)
+    softmax_scale: float
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model config field {name} must be >= 1")
+        if self.qk_rope_head_dim % 2:
+            raise ValueError("qk_rope_head_dim must be even (dims rotate in pairs)")
+
+    @property
+    def latent_dim(self) -> int:
+        """What one layer caches per token: the latent, then the rotary key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -103,6 +144,7 @@ class ModelConfig:
     local_rope: RopeConfig | None = None  # the sliding layers' rotary, where it differs (Gemma 3)
     final_logit_soft_cap: float | None = None  # logits -> cap * tanh(logit / cap) (Gemma)
     hidden_activation: str = "silu"  # the gated MLP's activation (Gemma: gelu_pytorch_tanh)
+    mla: MlaConfig | None = None  # multi-head latent attention (DeepSeek-V2); None: K and V heads
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
@@ -179,6 +221,7 @@ class ModelConfig:
             hidden_activation=str(
                 getattr(hf, "hidden_activation", None) or getattr(hf, "hidden_act", "silu")
             ),
+            mla=_mla_from_hf(hf) if arch == "DeepseekV2ForCausalLM" else None,
         )
 
 
@@ -207,7 +250,43 @@ def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
             normalize_top_k=bool(hf.norm_topk_prob),
             sparse_layers=sparse,
         )
+    if arch == "DeepseekV2ForCausalLM":  # sparse from first_k_dense_replace on
+        # transformers' model reads neither moe_layer_freq nor norm_topk_prob: the routed
+        # weights are the top-k softmax probabilities times routed_scaling_factor.
+        if (getattr(hf, "topk_method", None) or "greedy") != "greedy":
+            raise ValueError(
+                f"DeepSeek-V2 topk_method {hf.topk_method!r}: only greedy is supported"
+            )
+        first_sparse = int(getattr(hf, "first_k_dense_replace", 0) or 0)
+        return MoeConfig(
+            num_experts=int(hf.n_routed_experts),
+            top_k=int(hf.num_experts_per_tok),
+            intermediate_size=int(hf.moe_intermediate_size),
+            normalize_top_k=False,
+            sparse_layers=tuple(range(first_sparse, num_layers)),
+            num_shared_experts=int(getattr(hf, "n_shared_experts", 0) or 0),
+            routed_scaling_factor=float(hf.routed_scaling_factor),
+        )
     return None
+
+
+def _mla_from_hf(hf: Any) -> MlaConfig:
+    nope, rope = int(hf.qk_nope_head_dim), int(hf.qk_rope_head_dim)
+    scale = (nope + rope) ** -0.5
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    if params.get("rope_type", params.get("type", "default")) not in (None, "default"):
+        mscale_all_dim = params.get("mscale_all_dim")
+        if mscale_all_dim:
+            scale *= yarn_mscale(float(params["factor"]), float(mscale_all_dim)) ** 2
+    q_lora_rank = getattr(hf, "q_lora_rank", None)
+    return MlaConfig(
+        kv_lora_rank=int(hf.kv_lora_rank),
+        qk_nope_head_dim=nope,
+        qk_rope_head_dim=rope,
+        v_head_dim=int(hf.v_head_dim),
+        q_lora_rank=None if q_lora_rank is None else int(q_lora_rank),
+        softmax_scale=scale,
+    )
 
 
 def _has_layer_ropes(hf: Any) -> bool:
@@ -231,19 +310,30 @@ def _rope_from_hf(hf: Any, layer_type: str = "full_attention") -> RopeConfig:
         )
     )
     partial = params.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor", None))
+    factor = float(params.get("factor", 1.0) or 1.0)
+    if rope_type == "yarn":
+        factor = float(params.get("factor") or hf.max_position_embeddings / original_max)
+        attention_factor = params.get("attention_factor") or yarn_attention_factor(
+            factor, params.get("mscale"), params.get("mscale_all_dim")
+        )
+    elif rope_type == "longrope":
+        attention_factor = _longrope_attention_factor(hf, params, original_max)
+    else:
+        attention_factor = 1.0
     return RopeConfig(
         rope_type=rope_type,
         theta=float(theta),
-        factor=float(params.get("factor", 1.0) or 1.0),
+        factor=factor,
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),
         high_freq_factor=float(params.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=original_max,
         short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
         long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
-        attention_factor=_longrope_attention_factor(hf, params, original_max)
-        if rope_type == "longrope"
-        else 1.0,
+        attention_factor=float(attention_factor),
         partial_rotary_factor=float(partial or 1.0),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        truncate=bool(params.get("truncate", True)),
     )
 
 

@@ -1,5 +1,5 @@
-"""Rotary position embeddings (default, linear, Llama-3 and LongRoPE frequency scaling, and
-partial rotary: only each head's first dims rotate)."""
+"""Rotary position embeddings (default, linear, Llama-3, LongRoPE and YaRN frequency scaling,
+and partial rotary: only each head's first dims rotate)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import math
 import torch
 
 from quire.model.model_config import RopeConfig
+from quire.model.yarn import yarn_inverse_frequencies
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int, max_positions: int) -> torch.Tensor:
@@ -30,6 +31,16 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int, max_positions: int) -> 
                 f"longrope has {factors.numel()} factors for {dim // 2} rotary pairs per head"
             )
         return 1.0 / (factors * rope.theta**exponents)
+    if rope.rope_type == "yarn":
+        return yarn_inverse_frequencies(
+            dim,
+            rope.theta,
+            rope.factor,
+            rope.original_max_position_embeddings,
+            rope.beta_fast,
+            rope.beta_slow,
+            rope.truncate,
+        )
     inv_freq = 1.0 / (rope.theta**exponents)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quire.cache.paged_kv import PagedKVCache, kv_bytes_per_block
+from quire.cache.paged_kv import PagedKVCache, kv_bytes_per_block, kv_bytes_per_token
 from quire.model.model_config import ModelConfig
 
 
@@ -76,3 +76,46 @@ def test_bad_ids_and_buffers_are_refused() -> None:
     with pytest.raises(ValueError, match="buffer"):
         kv.write_blocks([1, 2], buffer.to(torch.bfloat16))
     kv.write_blocks([], kv.read_blocks([]))  # nothing to move is fine
+
+
+def mla_config() -> ModelConfig:
+    """2 layers of DeepSeek-V2's latent attention: 4 heads, one cached 24 + 8 = 32-wide latent."""
+    from transformers import DeepseekV2Config
+
+    hf = DeepseekV2Config(
+        architectures=["DeepseekV2ForCausalLM"],
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        kv_lora_rank=24,
+        q_lora_rank=None,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=4,
+        num_experts_per_tok=1,
+        moe_intermediate_size=32,
+        vocab_size=100,
+        max_position_embeddings=256,
+    )
+    return ModelConfig.from_hf(hf)
+
+
+def test_an_mla_layer_caches_one_latent_plane() -> None:
+    config = mla_config()
+    kv = PagedKVCache(config, 6, 4, torch.float32, torch.device("cpu"))
+    assert kv_bytes_per_token(config, torch.float32) == 2 * 32 * 4  # not 2 x 4 heads x (K + V)
+    assert kv.bytes_per_block == 4 * 2 * 32 * 4
+    assert [tuple(c.shape for c in planes) for planes in kv.layers] == [((6, 4, 1, 32),)] * 2
+    generator = torch.Generator().manual_seed(1)
+    for (latent,) in kv.layers:
+        latent.copy_(torch.randn(latent.shape, generator=generator))
+    buffer = kv.read_blocks([4, 1])
+    assert buffer.shape == (2, 2, 1, 4, 1, 32) and buffer[0].numel() * 4 == kv.bytes_per_block
+    kv.write_blocks([0, 5], buffer)
+    kv.copy_blocks([(4, 2)])
+    for layer, (latent,) in enumerate(kv.layers):
+        assert torch.equal(latent[0], latent[4]) and torch.equal(latent[5], latent[1])
+        assert torch.equal(latent[2], latent[4])
+        assert torch.equal(buffer[0, layer, 0], latent[4])

@@ -89,8 +89,13 @@ def prompts(vocab_size: int) -> tuple[list[list[int]], list[list[int]]]:
 
 @pytest.mark.parametrize(
     ("name", "engine_args"),
-    [("tiny", {}), ("tiny", {"max_num_batched_tokens": 24}), ("tiny-mqa", {})],
-    ids=["whole", "chunked", "gqa"],
+    [
+        ("tiny", {}),
+        ("tiny", {"max_num_batched_tokens": 24}),
+        ("tiny-mqa", {}),
+        ("tiny-deepseek-v2", {}),  # MLA: blocks of one latent plane per layer
+    ],
+    ids=["whole", "chunked", "gqa", "mla"],
 )
 def test_pulled_prefixes_give_the_computed_tokens(
     name: str,
