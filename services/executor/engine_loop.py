@@ -91,6 +91,7 @@ class EngineLoop:
         self._sinks: dict[str, Sink] = {}
         self._timings: dict[str, _Timing] = {}
         self._load_at = 0.0
+        self._num_steps = 0  # steps finished (failed ones included): the load's step counter
 
     # --- any thread ------------------------------------------------------------------------
 
@@ -229,6 +230,7 @@ class EngineLoop:
                 self.on_step_error(exc)
             return
         finally:
+            self._num_steps += 1
             self.request_ids.step_done()
         now = time.monotonic()
         self._observe_step(result.stats, now)
@@ -293,6 +295,7 @@ class EngineLoop:
             kv_blocks_total=pool.num_blocks_total,
             kv_blocks_used=pool.num_blocks_used,
             kv_blocks_cached=pool.num_blocks_cached,
+            num_steps=self._num_steps,
         )
         if self.metrics is not None:
             self.metrics.observe_load(self.load)

@@ -37,6 +37,8 @@ from services.rpc import executor_pb2_grpc
 log = structlog.get_logger("quire.executor.servicer")
 
 MAX_REQUEST_ID_CHARS = 256
+# The status details of a stream this executor ended at the end of its drain.
+HANDED_OFF = "draining: grace period over, continue elsewhere"
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,9 @@ class ExecutorIdentity:
 
 
 class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
-    """Generate / Abort / GetStatus. Refuses new work once `draining` is set."""
+    """Generate / Abort / GetStatus. Refuses new work once `draining` is set; once
+    `handing_off` is set too, a request aborted here ends its stream with UNAVAILABLE (the
+    router continues it elsewhere) instead of an "abort" finish."""
 
     def __init__(
         self,
@@ -64,6 +68,7 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         self.log_prompts = log_prompts  # log prompt and output token ids (and output text)
         self.role = role  # --role: "prefill" hands new requests on after their first token
         self.draining = False
+        self.handing_off = False
         self.num_active_streams = 0
         self._streams_done = asyncio.Event()
         self._streams_done.set()
@@ -143,6 +148,9 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
                     await context.abort(grpc.StatusCode.INTERNAL, event.message)
                 if isinstance(event, Aborted):
                     finished = True
+                    if self.handing_off:
+                        rlog.info("request handed back to the router")
+                        await context.abort(grpc.StatusCode.UNAVAILABLE, HANDED_OFF)
                     rlog.info("request aborted")
                     yield progress.aborted(len(prompt_token_ids))
                     return
