@@ -428,18 +428,11 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
         specs.append(norm(f"model.layers.{i}.input_layernorm.weight"))
         if config["model_type"] == "deepseek_v2":
             specs += _mla_specs(config, attn, scales)
-            specs.append(norm(f"model.layers.{i}.post_attention_layernorm.weight"))
-            if i in sparse_layers(config):
-                specs += _expert_specs(config, i, proj_std)
-                continue
-            specs += linear(f"{mlp}.gate_proj", inter, hidden, proj_std)
-            specs += linear(f"{mlp}.up_proj", inter, hidden, proj_std)
-            specs += linear(f"{mlp}.down_proj", hidden, inter, inter**-0.5)
-            continue
-        specs += linear(f"{attn}.q_proj", q_size, hidden, qk_std)
-        specs += linear(f"{attn}.k_proj", kv_size, hidden, qk_std)
-        specs += linear(f"{attn}.v_proj", kv_size, hidden, proj_std)
-        specs += linear(f"{attn}.o_proj", hidden, q_size, q_size**-0.5)
+        else:
+            specs += linear(f"{attn}.q_proj", q_size, hidden, qk_std)
+            specs += linear(f"{attn}.k_proj", kv_size, hidden, qk_std)
+            specs += linear(f"{attn}.v_proj", kv_size, hidden, proj_std)
+            specs += linear(f"{attn}.o_proj", hidden, q_size, q_size**-0.5)
         if qk_norm:  # per-head norms set the attention scale that qk_gain sets elsewhere
             specs.append(norm(f"{attn}.q_norm.weight", scales.qk_gain, head_dim))
             specs.append(norm(f"{attn}.k_norm.weight", scales.qk_gain, head_dim))

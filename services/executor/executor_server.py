@@ -19,6 +19,7 @@ import structlog
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from quire.cache.paged_kv import kv_bytes_per_token
 from quire.cluster.redis_keys import ExecutorRecord
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
@@ -128,6 +129,7 @@ class ExecutorServer:
             metrics_port=s.metrics_port or None,
             model=identity.model,
             num_kv_blocks=engine.allocator.num_blocks,
+            kv_bytes_per_token=kv_bytes_per_token(engine.model.config, engine.dtype),
             memory_manager=s.memory_manager,
             tls=bool(s.tls_cert),
         )

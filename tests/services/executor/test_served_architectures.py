@@ -1,6 +1,7 @@
 """The architectures beyond Llama served by an executor over gRPC: greedy streams equal
 transformers' generate() token for token, requests batched together (Phi-3 in both LongRoPE
-regimes, Qwen3-MoE and Mixtral through the grouped experts)."""
+regimes, Qwen3-MoE and Mixtral through the grouped experts, DeepSeek-V2 over its latent
+cache)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ MODELS = {
     "tiny-phi3-longrope": [LONGROPE_ORIGINAL_MAX + n for n in (1, 9, 40, 100)],
     "tiny-qwen3-moe": [5, 16, 33, 90],
     "tiny-mixtral": [2, 31, 64, 150],
+    "tiny-deepseek-v2": [4, 17, 48, 110],
+    "tiny-deepseek-v2-q-lora": [1, 15, 32, 70],
 }
 MAX_TOKENS = 12
 
