@@ -23,9 +23,11 @@ from quire.block.manager import BlockManager, LocalBlockAllocator
 from quire.block.pool import BlockPool, BlockState
 from quire.block.restore import LiveSequenceState
 from quire.block.tables import BlockTables, TableDriftError, table_checksum
+from quire.block.window import RELEASED_BLOCK, first_needed_block
 
 __all__ = [
     "HASH_SIZE",
+    "RELEASED_BLOCK",
     "AdmitRequest",
     "AllocatorStats",
     "AppendRequest",
@@ -43,6 +45,7 @@ __all__ = [
     "TableDriftError",
     "TableUpdate",
     "extend_block_hashes",
+    "first_needed_block",
     "hash_block",
     "hash_full_blocks",
     "table_checksum",

@@ -100,7 +100,7 @@ class AppendPhase:
 
     def _preempt(self, seq_id: str) -> None:
         seq = self.seqs.pop(seq_id)
-        for block_id in self.pool.release_tail_first(seq.block_table):
+        for block_id in self.pool.release_tail_first(seq.present_blocks()):
             if self._copies_from.get(block_id):
                 self._withdraw_copy(block_id)
         self.result.preempted.append(seq_id)

@@ -6,6 +6,11 @@ of the appends list when the pool runs dry), then FCFS admits, skipped entirely
 when anything was preempted. The request is validated as a whole first, so a
 malformed one raises ValueError and changes nothing.
 
+With a `sliding_window` (every layer of the model slides through it), a commit of c
+computed tokens also releases the sequence's table entries below the first block a later
+token can read (quire.block.window): their slots hold `RELEASED_BLOCK`, one `TableUpdate`
+from the first released slot tells the caller, and full blocks stay cached by hash.
+
 For a memory-manager service: `restore()` rebuilds an empty manager from an
 executor's live sequences (see quire.block.restore), and `drain_index_events()`
 reports what entered and left the prefix index since the last call, for mirroring
@@ -33,19 +38,29 @@ from quire.block.restore import LiveSequenceState, validate_live_sequences
 from quire.block.sequence_state import SequenceState, cdiv
 from quire.block.tables import named_seq_ids, table_checksum
 from quire.block.validation import validate_step
+from quire.block.window import RELEASED_BLOCK, first_needed_block, num_released
 
 
 class BlockManager:
     """Paged KV block tables over a `BlockPool`, with prefix caching and copy-on-write."""
 
     def __init__(
-        self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window: must be >= 1, got {sliding_window}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        # Every layer's window in tokens: blocks before a sequence's window are released on
+        # commit. None: every block of a sequence is kept while it runs.
+        self.sliding_window = sliding_window
         self.pool = BlockPool(num_blocks)
         self._seqs: dict[str, SequenceState] = {}
         self._num_queries = 0
@@ -132,7 +147,9 @@ class BlockManager:
         """
         if self._seqs or self.pool.num_used_blocks or self.pool.indexed_hashes():
             raise ValueError("restore: the manager is not empty")
-        all_hashes = validate_live_sequences(live, self.num_blocks, self.block_size)
+        all_hashes = validate_live_sequences(
+            live, self.num_blocks, self.block_size, self.sliding_window
+        )
         for state, hashes in zip(live, all_hashes, strict=True):
             num_registered = 0
             if self.enable_prefix_caching:
@@ -143,10 +160,11 @@ class BlockManager:
                 block_table=list(state.block_table),
                 block_hashes=hashes if self.enable_prefix_caching else [],
                 num_registered_blocks=num_registered,
+                num_released_blocks=num_released(state.block_table),
             )
-            for block_id in seq.block_table:
+            for block_id in seq.present_blocks():
                 self.pool.touch(block_id)
-            for index in range(num_registered):
+            for index in range(seq.num_released_blocks, num_registered):
                 self.pool.register(seq.block_table[index], hashes[index])
             self._seqs[state.seq_id] = seq
 
@@ -160,9 +178,9 @@ class BlockManager:
         for fork in request.forks:
             self._fork(fork)
             touched[fork.child_seq_id] = None
-        if self.enable_prefix_caching:
-            for commit in request.commits:
-                self._commit(commit)
+        released: dict[str, int] = {}  # seq_id -> its first slot released this step
+        for commit in request.commits:
+            self._commit(commit, released)
         for seq_id in request.frees:
             self._release_seq(seq_id)
         AppendPhase(self.pool, self._seqs, self.block_size, result, touched).run(request.appends)
@@ -177,7 +195,7 @@ class BlockManager:
                     result.not_admitted = [a.seq_id for a in request.admits[index:]]
                     break
                 touched[admit.seq_id] = None
-        self._record_tables(request, result, touched)
+        self._record_tables(request, result, touched, released)
         return result
 
     def resync(self, request: StepAllocation, reason: str) -> StepAllocationResult:
@@ -186,20 +204,27 @@ class BlockManager:
         raise RuntimeError(f"block tables disagree with the in-process allocator: {reason}")
 
     def _record_tables(
-        self, request: StepAllocation, result: StepAllocationResult, touched: Touched
+        self,
+        request: StepAllocation,
+        result: StepAllocationResult,
+        touched: Touched,
+        released: dict[str, int],
     ) -> None:
         """The step's table updates (and, if asked, the checksums of the named tables)."""
-        for seq_id, before in touched.items():
+        for seq_id in {**touched, **released}:
             seq = self._seqs.get(seq_id)
             if seq is None:
                 continue  # freed or preempted after it was touched
             table = seq.block_table
+            before = touched.get(seq_id, (len(table), table[-1]))
             if before is None:
                 result.table_updates[seq_id] = TableUpdate(0, tuple(table))
                 continue
-            # Appends change at most the last block (copy-on-write) and add blocks after it.
+            # Appends change at most the last block (copy-on-write) and add blocks after it;
+            # a commit may release slots from `released[seq_id]` on.
             old_len, old_last = before
             start = old_len if table[old_len - 1] == old_last else old_len - 1
+            start = min(start, released.get(seq_id, start))
             if start < len(table):
                 result.table_updates[seq_id] = TableUpdate(start, tuple(table[start:]))
         if request.verify_tables:
@@ -207,21 +232,43 @@ class BlockManager:
                 result.table_checksums[seq_id] = table_checksum(self._seqs[seq_id].block_table)
 
     def _release_seq(self, seq_id: str) -> None:
-        self.pool.release_tail_first(self._seqs.pop(seq_id).block_table)
+        self.pool.release_tail_first(self._seqs.pop(seq_id).present_blocks())
 
-    def _commit(self, commit: CommitRequest) -> None:
+    def _commit(self, commit: CommitRequest, released: dict[str, int]) -> None:
         seq = self._seqs[commit.seq_id]
-        num_full = commit.num_computed_tokens // self.block_size
+        if self.enable_prefix_caching:
+            self._register(seq, commit.num_computed_tokens // self.block_size)
+        if self.sliding_window is not None:
+            self._release_outside_window(commit, seq, released)
+
+    def _register(self, seq: SequenceState, num_full: int) -> None:
         if num_full <= seq.num_registered_blocks:
             return
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.extra_key)
         for index in range(seq.num_registered_blocks, num_full):
-            self.pool.register(seq.block_table[index], seq.block_hashes[index])
+            if index >= seq.num_released_blocks:  # a released block keeps its hash
+                self.pool.register(seq.block_table[index], seq.block_hashes[index])
         seq.num_registered_blocks = num_full
+
+    def _release_outside_window(
+        self, commit: CommitRequest, seq: SequenceState, released: dict[str, int]
+    ) -> None:
+        """Release the blocks no token after the committed ones reads (registered ones stay
+        cached), latest first: the leading blocks a prefix hit needs are evicted last."""
+        assert self.sliding_window is not None
+        end = first_needed_block(commit.num_computed_tokens, self.sliding_window, self.block_size)
+        start = seq.num_released_blocks
+        if end <= start:
+            return
+        for index in reversed(range(start, end)):
+            self.pool.release(seq.block_table[index])
+            seq.block_table[index] = RELEASED_BLOCK
+        seq.num_released_blocks = end
+        released.setdefault(commit.seq_id, start)
 
     def _fork(self, fork: ForkRequest) -> None:
         child = self._seqs[fork.parent_seq_id].fork()
-        for block_id in child.block_table:
+        for block_id in child.present_blocks():
             self.pool.touch(block_id)
         self._seqs[fork.child_seq_id] = child
 
@@ -325,9 +372,11 @@ class BlockManager:
                     f"seq {seq_id!r}: {len(seq.token_ids)} tokens need {expected} blocks, "
                     f"table has {len(seq.block_table)}"
                 )
-            if len(set(seq.block_table)) != len(seq.block_table):
+            self._check_released(seq_id, seq)
+            present = seq.present_blocks()
+            if len(set(present)) != len(present):
                 raise AssertionError(f"seq {seq_id!r}: a block appears twice in its table")
-            for block_id in seq.block_table:
+            for block_id in present:
                 references[block_id] += 1
             self._check_seq_hashes(seq_id, seq)
         for block_id, count in self._pinned.items():
@@ -340,6 +389,19 @@ class BlockManager:
                 )
         self.pool.check_counters()
 
+    def _check_released(self, seq_id: str, seq: SequenceState) -> None:
+        if num_released(seq.block_table) != seq.num_released_blocks:
+            raise AssertionError(
+                f"seq {seq_id!r}: released slots are not exactly its first "
+                f"{seq.num_released_blocks}"
+            )
+        if seq.num_released_blocks and (
+            self.sliding_window is None
+            or seq.num_released_blocks
+            > first_needed_block(len(seq.token_ids), self.sliding_window, self.block_size)
+        ):
+            raise AssertionError(f"seq {seq_id!r}: released blocks its window still reads")
+
     def _check_seq_hashes(self, seq_id: str, seq: SequenceState) -> None:
         num_full = len(seq.token_ids) // self.block_size
         if seq.num_registered_blocks > num_full:
@@ -347,6 +409,8 @@ class BlockManager:
         if len(seq.block_hashes) > num_full:
             raise AssertionError(f"seq {seq_id!r}: more hashes than full blocks")
         for index, block_id in enumerate(seq.block_table):
+            if index < seq.num_released_blocks:
+                continue
             stored = self.pool.block_hash(block_id)
             if index < seq.num_registered_blocks and stored != seq.block_hashes[index]:
                 raise AssertionError(

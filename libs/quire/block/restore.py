@@ -4,7 +4,8 @@ The executor is the source of truth for its own sequences: it knows every live
 sequence's token ids, block table and how many tokens have their KV written. A
 memory manager that lost its state (restart, re-registration) rebuilds from that:
 
-- refcount of a block = the number of block tables that reference it;
+- refcount of a block = the number of block tables that reference it (a slot released
+  outside a sliding window references none);
 - every other block is free, in id order, holding no hash (cached blocks are lost);
 - the chained hashes of each sequence's full *computed* blocks are registered in
   the prefix index, in the order of the list (first writer wins).
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from quire.block.hashing import check_token_ids, hash_full_blocks
 from quire.block.sequence_state import cdiv
+from quire.block.window import first_needed_block, num_released
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,8 @@ class LiveSequenceState:
     seq_id: str
     # Every token that holds a KV slot (prompt + outputs appended so far).
     token_ids: tuple[int, ...]
-    # Physical block ids in logical order; len == ceil(len(token_ids) / block_size).
+    # Physical block ids in logical order; len == ceil(len(token_ids) / block_size). Blocks
+    # released outside a sliding window lead it as RELEASED_BLOCK (quire.block.window).
     block_table: tuple[int, ...]
     # Leading tokens whose KV is written in the cache.
     num_computed_tokens: int
@@ -38,14 +41,18 @@ class LiveSequenceState:
 
 
 def validate_live_sequences(
-    live: Sequence[LiveSequenceState], num_blocks: int, block_size: int
+    live: Sequence[LiveSequenceState],
+    num_blocks: int,
+    block_size: int,
+    sliding_window: int | None = None,
 ) -> list[list[bytes]]:
     """Raise ValueError naming the problem unless `live` describes a consistent pool.
 
     Returns the chained hashes of every full block of each sequence (same order as
     `live`). Besides per-sequence checks (ids, token ids, table length, block ids in
-    range, computed count), a block referenced by several tables must hold the same
-    content in each: same logical index and same tokens up to its end.
+    range, computed count, released slots only leading and only before the window of
+    a manager with `sliding_window`), a block referenced by several tables must hold
+    the same content in each: same logical index and same tokens up to its end.
     """
     seen: set[str] = set()
     # block id -> (content key, seq id) of its first reference.
@@ -74,6 +81,13 @@ def validate_live_sequences(
             raise ValueError(
                 f"{what}: {len(tokens)} tokens need {expected} blocks, block_table has {len(table)}"
             )
+        released = num_released(table)
+        if released and (
+            sliding_window is None
+            or released > first_needed_block(len(tokens), sliding_window, block_size)
+        ):
+            raise ValueError(f"{what}: {released} released slots, more than its window allows")
+        table = table[released:]
         for block_id in table:
             if not isinstance(block_id, int) or not 0 <= block_id < num_blocks:
                 raise ValueError(f"{what}: block id {block_id!r} is not in [0, {num_blocks})")
@@ -81,7 +95,7 @@ def validate_live_sequences(
             raise ValueError(f"{what}: a block appears twice in its block_table")
 
         hashes = hash_full_blocks(tokens, block_size, state.extra_key)
-        for index, block_id in enumerate(table):
+        for index, block_id in enumerate(table, start=released):
             content = _content_key(index, hashes, tokens, block_size, state.extra_key)
             owner = owners.setdefault(block_id, (content, seq_id))
             if owner[0] != content:

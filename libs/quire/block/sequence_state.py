@@ -22,6 +22,9 @@ class SequenceState:
     block_hashes: list[bytes] = field(default_factory=list)
     # Leading blocks already registered in the prefix index.
     num_registered_blocks: int = 0
+    # Leading table slots whose blocks fell out of the sliding window and were released
+    # (they hold quire.block.window.RELEASED_BLOCK).
+    num_released_blocks: int = 0
 
     def fork(self) -> SequenceState:
         """A copy sharing the same physical blocks (the caller takes the references)."""
@@ -31,4 +34,9 @@ class SequenceState:
             block_table=list(self.block_table),
             block_hashes=list(self.block_hashes),
             num_registered_blocks=self.num_registered_blocks,
+            num_released_blocks=self.num_released_blocks,
         )
+
+    def present_blocks(self) -> list[int]:
+        """The blocks the table holds (the released leading slots left out)."""
+        return self.block_table[self.num_released_blocks :]
