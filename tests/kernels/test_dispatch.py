@@ -207,7 +207,7 @@ def test_default_backend_matches_reference_on_device(device: str) -> None:
 
 @pytest.mark.parametrize(
     ("backend", "module"),
-    [("torch", "reference_experts"), ("cpp", "grouped_experts"), ("triton", "triton_experts")],
+    [("torch", "reference_experts"), ("cpp", "reference_experts"), ("triton", "triton_experts")],
 )
 def test_expert_mlp_routes_to_its_backend(
     monkeypatch: pytest.MonkeyPatch, backend: str, module: str

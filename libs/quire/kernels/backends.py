@@ -9,9 +9,9 @@ modules are imported.
 
 The backend follows each call's device (`kernel_backend`); a kernel family the backend does not
 implement runs on the torch reference: block copies have no C++ kernel and the fused norm and
-rotary ops no Triton one. The experts of a mixture-of-experts layer run, where the CPU's
-backend is cpp, as torch's grouped GEMM (grouped_experts; faster than the reference's loop over
-experts, `make bench-moe`), and as the reference where it is torch. Packed linears exist in C++ only, so they run where the CPU's backend
+rotary ops no Triton one. The experts of a mixture-of-experts layer run on the CPU as the
+reference's loop over experts: torch's grouped GEMM (grouped_experts) computes the same bits and
+measured no faster there (`make bench-moe`), so it is not picked. Packed linears exist in C++ only, so they run where the CPU's backend
 is cpp and the CPU has their instructions (`packed_linear`); elsewhere the model keeps its
 weights in another layout (quire.model.linear).
 
@@ -31,7 +31,6 @@ import torch
 from quire.kernels import (
     cpp_attention,
     cpp_fused,
-    grouped_experts,
     reference,
     reference_experts,
     reference_fused,
@@ -110,7 +109,6 @@ FUSED_NORM_ROTARY: Mapping[str, Callable[[], FusedNormRotary]] = {
 }
 EXPERT_MLP: Mapping[str, Callable[[], ExpertMlp]] = {
     "torch": lambda: reference_experts,
-    "cpp": lambda: grouped_experts,
     "triton": _triton_experts,
 }
 

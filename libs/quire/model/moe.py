@@ -2,9 +2,8 @@
 token's output is their outputs weighted by the router's probabilities.
 
 The experts run grouped (quire.kernels.expert_mlp): the (token, expert) pairs are sorted by
-expert, each expert multiplies all the rows routed to it at once (torch's grouped GEMM on the
-CPU, a Triton kernel on CUDA, the per-expert loop as their oracle), and the weighted rows are
-added back to their tokens. `reference_sparse_moe` is the plain oracle of the whole layer:
+expert, each expert multiplies all the rows routed to it at once (a loop over the experts on
+the CPU, a Triton grouped GEMM on CUDA), and the weighted rows are added back to their tokens. `reference_sparse_moe` is the plain oracle of the whole layer:
 every expert over every token, masked.
 """
 
