@@ -56,6 +56,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-input-len", type=int, default=1024, help="prompts cut to this")
     p.add_argument("--max-output-len", type=int, default=64, help="outputs cut to this")
     p.add_argument("--num-kv-blocks", type=int, default=1024)
+    p.add_argument(
+        "--topologies", default=",".join(TOPOLOGIES), help="which of both, prefill-decode"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "disaggregation.json")
     return p.parse_args(argv)
@@ -117,6 +120,7 @@ def summarize(records: list[StreamRecord], wall_s: float) -> dict[str, Any]:
     return {
         "num_requests": len(records),
         "num_failed": len(failed),
+        "errors": sorted({r.error for r in failed})[:5],
         "output_tok_s": out_tokens / wall_s if wall_s else 0.0,
         "ttft_p50_ms": pct(ttft, 50),
         "ttft_p99_ms": pct(ttft, 99),
@@ -156,7 +160,7 @@ def run_topology(
                     f"[{roles or 'both,both':15s}] concurrency {c:3d}: "
                     f"{s['output_tok_s']:7.1f} tok/s  TTFT p50 {s['ttft_p50_ms']:8.0f} ms "
                     f"p99 {s['ttft_p99_ms']:8.0f} ms  TPOT p50 {s['tpot_p50_ms']:6.1f} ms "
-                    f"p99 {s['tpot_p99_ms']:6.1f} ms  failed {s['num_failed']}",
+                    f"p99 {s['tpot_p99_ms']:6.1f} ms  failed {s['num_failed']} {s['errors']}",
                     flush=True,
                 )
         finally:
@@ -211,13 +215,14 @@ def main(argv: list[str] | None = None) -> int:
         "requests": len(work),
         "topologies": {},
     }
-    for name, roles in TOPOLOGIES.items():
-        results["topologies"][name] = run_topology(args, roles, levels, work)
+    for name in [t for t in args.topologies.split(",") if t]:
+        results["topologies"][name] = run_topology(args, TOPOLOGIES[name], levels, work)
         write_json(args.out, results)
-    results["ratios"] = ratios(
-        results["topologies"]["both"], results["topologies"]["prefill-decode"]
-    )
-    for level, r in results["ratios"].items():
+    if len(results["topologies"]) == len(TOPOLOGIES):
+        results["ratios"] = ratios(
+            results["topologies"]["both"], results["topologies"]["prefill-decode"]
+        )
+    for level, r in results.get("ratios", {}).items():
         shown = "  ".join(f"{k} {v:.2f}" for k, v in r.items() if v is not None)
         print(f"prefill-decode / both at concurrency {level}: {shown}", flush=True)
     write_json(args.out, results)
