@@ -44,7 +44,7 @@ class CheckpointTensors:
         return self(name) if present else None
 
     def concat(self, names: list[str], present: bool = True) -> torch.Tensor | None:
-        """Tensors concatenated along dim 0 (biases of q/k/v into qkv, gate/up into gate_up)."""
+        """Tensors concatenated along dim 0 (q/k/v into qkv, gate/up into gate_up)."""
         return torch.cat([self(n) for n in names]) if present else None
 
     def concat_weights(self, names: list[str]) -> Weight | list[Weight]:
