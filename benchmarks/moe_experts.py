@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    load_before = list(os.getloadavg())
     rows: list[dict[str, Any]] = []
     for shape in QUICK_SHAPES if args.quick else SHAPES:
         for dtype in args.dtypes:
@@ -182,7 +184,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "moe_experts",
         "device": args.device,
         "machine": platform.processor() or platform.machine(),
+        "num_cpus": os.cpu_count(),
         "num_threads": torch.get_num_threads(),
+        "load_average_start": load_before,
+        "load_average_end": list(os.getloadavg()),
         "date": time.strftime("%Y-%m-%d"),
         "results": rows,
     }

@@ -13,7 +13,9 @@ hanging step still leaves the others' results:
    `gpu`-marked bfloat16 and float16 tests among them), as a JUnit XML.
 3. decode bandwidth: benchmarks.decode_attention in bfloat16, each point's GB/s as a share of
    the device-to-device copy bandwidth measured in the same run.
-4. end to end: benchmarks.gpu.end_to_end, Quire vs transformers on the kit's requests.
+4. moe experts: benchmarks.moe_experts in bfloat16, the Triton grouped GEMM and torch's
+   grouped_mm against the per-expert loop at Mixtral- and Qwen3-MoE-like shapes, tokens/s.
+5. end to end: benchmarks.gpu.end_to_end, Quire vs transformers on the kit's requests.
 
 Writes DIR/gpu-check.json (every step's status, time and headline figures) beside each step's
 log and results, prints a summary, and exits non-zero if a step failed. `--device cpu --quick`
@@ -43,6 +45,7 @@ DEFAULT_BUDGET_S = 450  # the whole check, under a lent machine's 8-minute slot
 # Step limits (s) within the budget; the end-to-end step gets what is left.
 KERNEL_TESTS_LIMIT_S = 200
 DECODE_LIMIT_S = 120
+MOE_LIMIT_S = 60
 # Modules the steps import; each is on a GPU machine's image or the check says which is not.
 NEEDED_MODULES = (
     "torch",
@@ -177,6 +180,21 @@ def decode_summary(path: Path) -> dict[str, Any]:
     }
 
 
+def moe_summary(path: Path) -> dict[str, Any]:
+    """Each fast path's tokens/s as a multiple of the per-expert loop's, per shape and token
+    count."""
+    if not path.is_file():
+        return {}
+    rows = json.loads(path.read_text())["results"]
+    summary: dict[str, Any] = {}
+    for r in rows:
+        if r["path"] != "loop":
+            shape = r["shape"].split(" (")[0]
+            key = f"{r['path']} {shape} {r['dtype']}"
+            summary.setdefault(key, {})[r["num_tokens"]] = round(r["speedup_over_loop"], 2)
+    return summary
+
+
 def end_to_end_summary(path: Path) -> dict[str, Any]:
     """Quire's output tok/s and its ratio to each transformers path."""
     if not path.is_file():
@@ -240,6 +258,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         decode.summary.update(decode_summary(out / "decode_attention.json"))
         steps.append(decode)
+
+        moe_args = ["--device", args.device, "--dtypes", "bfloat16"]
+        if args.quick:
+            moe_args += ["--quick", "--token-counts", "1", "16", "--repeats", "2"]
+        moe = run_step(
+            "moe experts",
+            ["benchmarks.moe_experts", *moe_args, "--output", str(out / "moe_experts.json")],
+            out,
+            MOE_LIMIT_S,
+        )
+        moe.summary.update(moe_summary(out / "moe_experts.json"))
+        steps.append(moe)
 
         e2e_args = ["--kit", str(args.kit.resolve()), "--device", args.device]
         if args.quick:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quire.kernels.reference_experts import check_expert_mlp, group_by_expert, weighted_sum
+from quire.kernels.reference_experts import sorted_rows, weighted_sum
 
 
 def expert_mlp(
@@ -21,9 +21,7 @@ def expert_mlp(
     weights: torch.Tensor,
 ) -> torch.Tensor:
     """gate/up, SiLU-and-multiply and down over all experts' sorted rows at once."""
-    check_expert_mlp(x, gate_up_t, down_t, experts, weights)
-    groups = group_by_expert(experts, gate_up_t.shape[0])
-    rows = x[groups.tokens]  # [num_pairs, hidden], grouped by expert
+    groups, rows = sorted_rows(x, gate_up_t, down_t, experts, weights)
     offsets = torch.cumsum(groups.counts, 0).to(torch.int32)  # end of each expert's rows
     gate, up = F.grouped_mm(rows, gate_up_t, offs=offsets).chunk(2, dim=-1)
     out = F.grouped_mm(F.silu(gate) * up, down_t, offs=offsets)  # [num_pairs, hidden]

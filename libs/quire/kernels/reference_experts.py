@@ -63,6 +63,20 @@ def check_expert_mlp(
         raise ValueError(f"expert_mlp's tensors must be on one device, got {devices}")
 
 
+def sorted_rows(
+    x: torch.Tensor,
+    gate_up_t: torch.Tensor,
+    down_t: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+) -> tuple[ExpertGroups, torch.Tensor]:
+    """An expert_mlp call checked, its pairs grouped by expert, and the tokens' rows in that
+    order: `[num_pairs, hidden]`."""
+    check_expert_mlp(x, gate_up_t, down_t, experts, weights)
+    groups = group_by_expert(experts, gate_up_t.shape[0])
+    return groups, x[groups.tokens]
+
+
 def weighted_sum(
     out: torch.Tensor,  # [num_pairs, hidden]: expert outputs in sorted order
     groups: ExpertGroups,
@@ -83,9 +97,7 @@ def expert_mlp(
     weights: torch.Tensor,
 ) -> torch.Tensor:
     """One GEMM pair per expert that has rows (the loop syncs to read the counts)."""
-    check_expert_mlp(x, gate_up_t, down_t, experts, weights)
-    groups = group_by_expert(experts, gate_up_t.shape[0])
-    rows = x[groups.tokens]  # [num_pairs, hidden], grouped by expert
+    groups, rows = sorted_rows(x, gate_up_t, down_t, experts, weights)
     out = torch.empty_like(rows)
     start = 0
     for e, count in enumerate(groups.counts.tolist()):

@@ -107,13 +107,20 @@ def test_the_whole_check_runs_on_the_cpu(kit: Path, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     steps = {step["name"]: step for step in report["steps"]}
-    assert list(steps) == ["environment", "kernel tests", "decode bandwidth", "end to end"]
+    assert list(steps) == [
+        "environment",
+        "kernel tests",
+        "decode bandwidth",
+        "moe experts",
+        "end to end",
+    ]
     assert all(step["status"] == "passed" for step in steps.values())
     assert steps["environment"]["summary"]["missing_modules"] == []
     tests = steps["kernel tests"]["summary"]
     assert tests["tests"] > 0 and tests["failures"] == tests["errors"] == 0
     decode = steps["decode bandwidth"]["summary"]
     assert decode["copy_gb_per_s"] > 0
+    assert steps["moe experts"]["summary"]["grouped tiny bfloat16"].keys() == {"1", "16"}
     e2e = json.loads((tmp_path / "end_to_end.json").read_text())
     kit_lens = read_kit(kit).output_lens[:4]
     assert e2e["workload"]["num_requests"] == 4
@@ -121,5 +128,5 @@ def test_the_whole_check_runs_on_the_cpu(kit: Path, tmp_path: Path) -> None:
     assert e2e["quire"]["output_tok_s"] > 0
     static = e2e["transformers"]["transformers static"]
     assert static["error"] is None and static["quire_ratio"] > 0
-    for name in ("kernel-tests.log", "decode-bandwidth.log", "end-to-end.log"):
+    for name in ("kernel-tests.log", "decode-bandwidth.log", "moe-experts.log", "end-to-end.log"):
         assert (tmp_path / name).stat().st_size > 0
