@@ -1,10 +1,11 @@
 """From token ids to an open executor stream: admission, routing, the call, retries.
 
 The first response of a Generate call is awaited here, before the client sees anything: an
-executor that turns out UNAVAILABLE at that point (dead process, refused connection) is
-marked down for a few seconds and the request is routed again, to another executor, at most
-`max_retries` times. After the first response a lost executor raises `ExecutorLost`
-(services/router/executor_lost.py), and the generation continues the stream elsewhere.
+executor that turns out UNAVAILABLE at that point (dead process, refused connection, a
+server stopping that cancels the call) is marked down for a few seconds and the request is
+routed again, to another executor, at most `max_retries` times. After the first response
+a lost executor raises `ExecutorLost` (services/router/executor_lost.py), and the generation
+continues the stream elsewhere.
 """
 
 from __future__ import annotations
@@ -319,7 +320,10 @@ class Dispatcher:
                     call.cancel()
                     raise
                 if isinstance(error, grpc.aio.AioRpcError):
-                    if error.code() != grpc.StatusCode.UNAVAILABLE:
+                    # CANCELLED that the router did not ask for (that would have raised
+                    # CancelledError): an executor whose server is stopping (the end of a
+                    # drain) cancels a call that reached it too late.
+                    if error.code() not in LOST_CODES:
                         raise from_grpc(error, decision.executor_id) from error
                     self.directory.mark_down(decision.executor_id)
                 tried.add(decision.executor_id)

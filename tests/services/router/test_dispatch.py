@@ -6,6 +6,7 @@ import hashlib
 import struct
 from typing import Any
 
+import grpc
 import pytest
 
 from quire.block.hashing import hash_full_blocks
@@ -208,3 +209,13 @@ def test_cached_tokens_reported_in_usage_and_metrics(cluster: Cluster) -> None:
         metrics = admin.get("/metrics").text
     assert "quire_router_prefix_hit_ratio 0.8" in metrics
     assert "quire_router_time_to_first_token_seconds_count 1.0" in metrics
+
+
+def test_a_call_cancelled_by_a_stopping_executor_is_retried_elsewhere(cluster: Cluster) -> None:
+    # An executor whose server stops (the end of its drain) cancels a call that reached it.
+    ids = sorted(cluster.fakes)
+    stopping = consistent_choice(ids, PROMPT)
+    cluster.script(Script(error=grpc.StatusCode.CANCELLED), stopping)
+    router = cluster.router()
+    assert served_by(router, PROMPT) != stopping
+    assert len(cluster.fakes[stopping].executor.requests) == 1
