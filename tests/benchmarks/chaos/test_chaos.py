@@ -119,4 +119,4 @@ def test_a_paused_executor_is_given_up_and_its_streams_continue_elsewhere(
         )
     )
     assert migration.failures(result) == [], result
-    assert result["mismatched"] == 0 and result["blocks_leaked"] == 0, result
+    assert result["mismatched_migrated"] == 0 and result["blocks_leaked"] == 0, result
