@@ -216,10 +216,10 @@ def report(
         duplicated += sum(k > MAX_TOKENS for k in counts)
         missing += sum(k < MAX_TOKENS for k in counts)
         usage_wrong += c.completion_tokens != MAX_TOKENS * n
-        moved = c.request_id in migrated
+        was_migrated = c.request_id in migrated
         if c.texts != refs[c.key].texts:
-            mismatched[moved] += 1
-        latency[moved].append(c.outcome.end - c.outcome.start)
+            mismatched[was_migrated] += 1
+        latency[was_migrated].append(c.outcome.end - c.outcome.start)
 
     def pct(values: list[float], q: float) -> float | None:
         return round(percentile(values, q), 3) if values else None
