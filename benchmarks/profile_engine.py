@@ -130,7 +130,7 @@ def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
     server.start()
     target = f"127.0.0.1:{ports.get(timeout=60)}"
 
-    def make(num_blocks: int, tables: BlockTables) -> RemoteBlockAllocator:
+    def make(num_blocks: int, tables: BlockTables, window: int | None) -> RemoteBlockAllocator:
         return RemoteBlockAllocator(
             target,
             "profile",
@@ -140,6 +140,7 @@ def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
             config.enable_prefix_caching,
             "",
             tables,
+            sliding_window=window,
         )
 
     engine = LLMEngine(config, allocator_factory=make)

@@ -37,6 +37,12 @@ class EngineConfig:
         "memory on CUDA, capped at what max_num_seqs full-length sequences use)",
     )
     enable_prefix_caching: bool = _setting(True, "share full prompt blocks by chained hash")
+    free_outside_window: bool = _setting(
+        True,
+        "release a running sequence's blocks that fell out of the sliding window when every "
+        "layer of the model slides through one window (Mistral); a model with a global layer "
+        "keeps every block",
+    )
     max_num_seqs: int = _setting(256, "most sequences running at once")
     max_num_batched_tokens: int = _setting(
         2048, "most tokens per engine step (longer prompts are chunked)"

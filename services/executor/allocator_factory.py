@@ -10,6 +10,7 @@ import structlog
 from quire.block.allocator import BlockAllocator, StepAllocation
 from quire.block.tables import BlockTables
 from quire.cache.paged_kv import PagedKVCache
+from quire.engine.llm_engine import AllocatorFactory
 from quire.engine.scheduler import BlockPuller
 from services.executor.block_puller import GrpcBlockPuller
 from services.executor.executor_settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
@@ -26,7 +27,7 @@ def allocator_factory(
     epoch: int,
     address: str,
     step_metadata: StepMetadata | None = None,
-) -> Callable[[int, BlockTables], BlockAllocator] | None:
+) -> AllocatorFactory | None:
     """A factory the engine calls once it has sized the pool; None for the in-process one.
 
     The engine passes its block tables, which the remote allocator re-registers from when
@@ -36,7 +37,7 @@ def allocator_factory(
     if settings.memory_manager == LOCAL_MEMORY_MANAGER:
         return None
 
-    def make(num_blocks: int, tables: BlockTables) -> BlockAllocator:
+    def make(num_blocks: int, tables: BlockTables, sliding_window: int | None) -> BlockAllocator:
         return RemoteBlockAllocator(
             target=settings.memory_manager,
             executor_id=executor_id,
@@ -51,6 +52,7 @@ def allocator_factory(
             tls_ca=settings.tls_ca,
             verify_every=settings.memory_manager_verify_every,
             accepts_pulls=settings.enable_pulls,
+            sliding_window=sliding_window,
         )
 
     return make

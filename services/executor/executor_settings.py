@@ -85,6 +85,7 @@ class ExecutorSettings(BaseSettings):
     max_num_batched_tokens: int = _engine("max_num_batched_tokens", ge=1)
     max_model_len: int | None = _engine("max_model_len", ge=2)
     enable_prefix_caching: bool = _engine("enable_prefix_caching")
+    free_outside_window: bool = _engine("free_outside_window")
     device: str = _engine("device")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _engine("dtype")
     seed: int = _engine("seed")

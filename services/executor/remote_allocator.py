@@ -136,12 +136,15 @@ class RemoteBlockAllocator:
         tls_ca: str = "",
         verify_every: int = 0,
         accepts_pulls: bool = False,
+        sliding_window: int | None = None,
     ) -> None:
         """`step_metadata(step)` is sent as gRPC metadata with that step's Step call (the
         executor sends the request ids the step touches, for the manager's logs).
         `tls_ca` (a PEM CA bundle path) dials the manager over TLS; '' is plaintext.
         `verify_every`: check the tables' checksums every that many steps (0: never).
-        `accepts_pulls`: ask the manager to offer peers' blocks (PullOffer) in steps."""
+        `accepts_pulls`: ask the manager to offer peers' blocks (PullOffer) in steps.
+        `sliding_window`: every layer's window, when the manager is to release blocks
+        outside it (quire.block.window); None keeps every block."""
         if verify_every < 0:
             raise ValueError(f"verify_every: must be >= 0, got {verify_every}")
         self.target = target
@@ -161,6 +164,7 @@ class RemoteBlockAllocator:
         # The manager process registered with: pins it grants name it (PullOffer.granted_by).
         self.manager_instance: str | None = None
         self.accepts_pulls = accepts_pulls
+        self.sliding_window = sliding_window
         self.num_registrations = 0
         self.verify_every = verify_every
         self.num_steps = 0
@@ -277,6 +281,7 @@ class RemoteBlockAllocator:
             address=self.address,
             live_sequences=[live_to_proto(state) for state in live],
             accepts_pulls=self.accepts_pulls,
+            sliding_window=self.sliding_window,
         )
         response = self._stub.Register(request, timeout=self.timeout_s)
         # The manager now holds exactly the executor's tables; updates apply on top of them.

@@ -104,6 +104,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
                 request.address,
                 live,
                 request.accepts_pulls,
+                request.sliding_window if request.HasField("sliding_window") else None,
             )
         except ValueError as exc:
             await self._abort(context, "Register", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -123,6 +124,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
             address=pool.address,
             num_blocks=pool.manager.num_blocks,
             block_size=pool.manager.block_size,
+            sliding_window=pool.manager.sliding_window,
             num_live_sequences=len(live),
             replaced_epoch=None if old is None else old.epoch,
         )

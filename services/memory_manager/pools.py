@@ -57,8 +57,10 @@ class ExecutorPools:
         address: str,
         live: list[LiveSequenceState],
         accepts_pulls: bool = False,
+        sliding_window: int | None = None,
     ) -> tuple[ExecutorPool, ExecutorPool | None]:
-        """Create (or replace) the executor's pool, rebuilt from `live`.
+        """Create (or replace) the executor's pool, rebuilt from `live`; with
+        `sliding_window`, it releases blocks outside every layer's window (quire.block.window).
 
         Returns the new pool and the one it replaced. Nothing changes on error.
         """
@@ -74,7 +76,7 @@ class ExecutorPools:
                 f"executor {executor_id!r}: epoch {epoch} is older than "
                 f"the registered epoch {old.epoch}"
             )
-        manager = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        manager = BlockManager(num_blocks, block_size, enable_prefix_caching, sliding_window)
         manager.restore(live)  # ValueError: the old state stays
         pool = ExecutorPool(executor_id, epoch, address, manager, accepts_pulls)
         self._pools[executor_id] = pool

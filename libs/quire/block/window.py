@@ -40,6 +40,15 @@ def num_released(table: Sequence[int]) -> int:
     return count
 
 
+def kernel_table(table: list[int]) -> list[int]:
+    """The table as the attention kernels take it: a released slot names block 0, which
+    they never read there (every window starts after it)."""
+    if not table or table[0] != RELEASED_BLOCK:
+        return table
+    count = num_released(table)
+    return [0] * count + table[count:]
+
+
 def present_blocks(table: Sequence[int]) -> list[int]:
     """The table's block ids without the released slots."""
     return [block_id for block_id in table if block_id != RELEASED_BLOCK]

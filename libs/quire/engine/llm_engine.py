@@ -41,6 +41,10 @@ from quire.engine.update import StopRules, finished_delta, request_delta, update
 from quire.outputs import RequestDelta, SequenceDelta
 from quire.sampling_params import SamplingParams
 
+# (pool size in blocks, the model runner's block tables, the window every layer slides
+# through when blocks outside it are to be released, else None) -> the engine's allocator
+AllocatorFactory = Callable[[int, BlockTables, int | None], BlockAllocator]
+
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
@@ -57,15 +61,17 @@ class LLMEngine:
         self,
         config: EngineConfig,
         allocator: BlockAllocator | None = None,
-        allocator_factory: Callable[[int, BlockTables], BlockAllocator] | None = None,
+        allocator_factory: AllocatorFactory | None = None,
         puller_factory: Callable[[PagedKVCache], BlockPuller] | None = None,
     ) -> None:
         """Load the model and size the KV pool.
 
-        `allocator` is used as given; otherwise `allocator_factory(num_blocks, tables)`
-        builds one once the pool is sized (a remote allocator must know its size before the
-        engine starts, and re-registers from the model runner's `tables`); otherwise an
-        in-process `BlockManager`. `puller_factory(kv_cache)` builds what copies blocks a peer
+        `allocator` is used as given; otherwise `allocator_factory(num_blocks, tables,
+        sliding_window)` builds one once the pool is sized (a remote allocator must know its
+        size before the engine starts, and re-registers from the model runner's `tables`);
+        otherwise an in-process `BlockManager`. `sliding_window` is the model's window when
+        every layer slides and `free_outside_window` is on (the allocator releases blocks
+        outside it), else None. `puller_factory(kv_cache)` builds what copies blocks a peer
         holds into this engine's cache when the allocator offers them (none: offers are
         declined and those blocks computed).
         """
@@ -82,10 +88,15 @@ class LLMEngine:
         self.runner = ModelRunner(
             self.model, num_blocks, config.block_size, self.dtype, self.device
         )
+        model_config = self.model.config
+        window = model_config.attention.freeable_window(model_config.num_layers)
+        window = window if config.free_outside_window else None
         if allocator is None and allocator_factory is not None:
-            allocator = allocator_factory(num_blocks, self.runner.tables)
+            allocator = allocator_factory(num_blocks, self.runner.tables, window)
         elif allocator is None:
-            allocator = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+            allocator = BlockManager(
+                num_blocks, config.block_size, config.enable_prefix_caching, window
+            )
         self.allocator = allocator
         extra_key = str(path.name)
         # Swap mode: preempted sequences' full blocks go to a host pool and come back on

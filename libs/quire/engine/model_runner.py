@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from quire.block.tables import BlockTables
+from quire.block.window import kernel_table
 from quire.cache.paged_kv import PagedKVCache
 from quire.engine.grammar_masks import GrammarRow, MaskJob, StructuredOutputs
 from quire.engine.prompt_logprobs import (
@@ -122,7 +123,7 @@ class ModelRunner:
             input_ids.extend(s.seq.token_ids[start:end])
             positions.extend(range(start, end))
             table = self.tables.get(s.seq.seq_id)
-            row_tables.append(table)
+            row_tables.append(kernel_table(table))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
             cu_query_lens.append(cu_query_lens[-1] + s.num_new_tokens)
             context_lens.append(end)

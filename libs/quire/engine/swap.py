@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from quire.block.hashing import hash_full_blocks
+from quire.block.window import RELEASED_BLOCK
 from quire.cache.host_pool import HostBlockPool
 from quire.cache.paged_kv import PagedKVCache
 from quire.engine.stats import SwapStats
@@ -49,7 +50,9 @@ class KVSwapper:
         """Copy a preempted sequence's full computed blocks to the host pool.
 
         `block_ids` are its table's first blocks, every one full of computed tokens of
-        `token_ids`, whose KV is still intact (before this step's copies and forward pass).
+        `token_ids`, whose KV is still intact (before this step's copies and forward pass);
+        slots released outside a sliding window are skipped (a resume loads the leading run
+        the host pool holds, so it recomputes from the first of them the device lost).
         Returns the number of blocks read (those the pool held already are only touched).
         """
         if not block_ids or not self.host_pool.can_hold(self.kv.bytes_per_block):
@@ -58,7 +61,9 @@ class KVSwapper:
         hashes = hash_full_blocks(token_ids[: len(block_ids) * bs], bs, self.extra_key)
         assert len(hashes) == len(block_ids), "only full blocks are swapped"
         wanted = [
-            (h, b) for h, b in zip(hashes, block_ids, strict=True) if not self.host_pool.touch(h)
+            (h, b)
+            for h, b in zip(hashes, block_ids, strict=True)
+            if b != RELEASED_BLOCK and not self.host_pool.touch(h)
         ]
         if not wanted:
             return 0

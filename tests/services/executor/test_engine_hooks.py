@@ -20,7 +20,7 @@ def engine_and_sizes(tiny_model: Path) -> tuple[LLMEngine, list[int]]:
     sizes: list[int] = []
     given: list[BlockTables] = []
 
-    def factory(num_blocks: int, tables: BlockTables) -> BlockAllocator:
+    def factory(num_blocks: int, tables: BlockTables, window: int | None) -> BlockAllocator:
         sizes.append(num_blocks)
         given.append(tables)
         return BlockManager(num_blocks, 16, True)
@@ -44,7 +44,9 @@ def test_allocator_and_factory_together_are_refused(tiny_model: Path) -> None:
     config = EngineConfig(model=str(tiny_model), num_kv_blocks=8)
     with pytest.raises(ValueError, match="not both"):
         LLMEngine(
-            config, BlockManager(8, 16, True), allocator_factory=lambda n, _: BlockManager(n, 16)
+            config,
+            BlockManager(8, 16, True),
+            allocator_factory=lambda n, _t, _w: BlockManager(n, 16),
         )
 
 

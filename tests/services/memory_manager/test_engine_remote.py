@@ -49,7 +49,7 @@ def test_engine_over_remote_allocator_survives_manager_restart() -> None:
     managers = [ManagerThread(port=port).start()]
     num_live: list[int] = []
 
-    def factory(num_blocks: int, tables: BlockTables) -> RemoteBlockAllocator:
+    def factory(num_blocks: int, tables: BlockTables, window: int | None) -> RemoteBlockAllocator:
         live = tables.live_sequences
 
         def counted() -> list[LiveSequenceState]:  # what each re-registration sends
@@ -59,7 +59,16 @@ def test_engine_over_remote_allocator_survives_manager_restart() -> None:
 
         tables.live_sequences = counted  # type: ignore[method-assign]
         return RemoteBlockAllocator(
-            managers[0].target, "e1", 1, num_blocks, 4, True, "", tables, retry_total_s=20
+            managers[0].target,
+            "e1",
+            1,
+            num_blocks,
+            4,
+            True,
+            "",
+            tables,
+            retry_total_s=20,
+            sliding_window=window,
         )
 
     def restart() -> None:

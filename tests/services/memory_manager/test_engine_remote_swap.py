@@ -45,8 +45,10 @@ def test_swap_over_remote_allocator_gives_the_tokens_of_no_preemption() -> None:
     )
     manager = ManagerThread().start()
 
-    def factory(num_blocks: int, tables: BlockTables) -> RemoteBlockAllocator:
-        return RemoteBlockAllocator(manager.target, "e1", 1, num_blocks, 16, True, "", tables)
+    def factory(num_blocks: int, tables: BlockTables, window: int | None) -> RemoteBlockAllocator:
+        return RemoteBlockAllocator(
+            manager.target, "e1", 1, num_blocks, 16, True, "", tables, sliding_window=window
+        )
 
     try:
         engine = LLMEngine(tight, allocator_factory=factory)

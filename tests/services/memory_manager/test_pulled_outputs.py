@@ -61,7 +61,7 @@ class Cluster:
         )
         engine = LLMEngine(
             config,
-            allocator_factory=lambda n, _tables: BrokeredAllocator(
+            allocator_factory=lambda n, _tables, _window: BrokeredAllocator(
                 self.pools, self.broker, executor_id, n
             ),
             puller_factory=puller,
