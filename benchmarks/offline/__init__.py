@@ -2,7 +2,8 @@
 
     python -m benchmarks.engine [--model DIR] [--workloads sharegpt ...] [--dtypes float32 bfloat16]
         [--num-requests N | NAME=N ...] [--skip-vllm] [--skip-hf] [--hf-dtypes float32]
-        [--hf-batch-size B] [--seed S] [--threads N] [--out DIR] [--quick]
+        [--hf-batch-size B] [--window-budget-blocks N] [--seed S] [--threads N] [--out DIR]
+        [--quick]
 
 Workloads (benchmarks/offline/workloads.py). The default is 64 real ShareGPT requests sampled
 with vLLM's rule (seed 0: the requests `vllm bench serve --dataset-name sharegpt --seed 0`
@@ -29,7 +30,10 @@ KV utilization, the fixed-budget concurrency and the FLOP fraction are defined i
 below, which is also written into the JSON; the FLOP fraction divides by the best matmul FLOP/s
 of that dtype measured in this run. The concurrency run uses more requests than the throughput
 run (CONCURRENCY_DEMAND times the budget in tokens, the same seeded stream extended) so that
-the pool stays full for a while. Writes <out>/engine.json and <out>/engine.png (default
+the pool stays full for a while. A model whose every layer slides through one window (the
+bench-mistral-window preset of quire_tools.make_model, say) also gets the window run
+(benchmarks/offline/window.py): each workload in --window-budget-blocks with blocks outside
+the window freed and kept, same run. Writes <out>/engine.json and <out>/engine.png (default
 bench/results).
 
 Timing on a shared machine: a process busy on one core stalls torch's two-thread team at

@@ -6,7 +6,13 @@ import argparse
 from pathlib import Path
 
 import benchmarks.offline
-from benchmarks.offline.config import DEFAULT_MODEL, DTYPES, HF_BATCH_SIZE, QUICK
+from benchmarks.offline.config import (
+    DEFAULT_MODEL,
+    DTYPES,
+    HF_BATCH_SIZE,
+    QUICK,
+    WINDOW_BUDGET_BLOCKS,
+)
 from benchmarks.offline.workloads import DEFAULT_NUM_REQUESTS, WORKLOAD_NAMES
 
 
@@ -58,6 +64,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--hf-batch-size", type=int, default=HF_BATCH_SIZE, help=f"static batch ({HF_BATCH_SIZE})"
     )
+    parser.add_argument(
+        "--window-budget-blocks",
+        type=int,
+        default=WINDOW_BUDGET_BLOCKS,
+        help="KV budget of the window run, freeing blocks outside the sliding window vs "
+        f"keeping them (only a model whose every layer slides; {WINDOW_BUDGET_BLOCKS})",
+    )
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baselines")
     parser.add_argument("--skip-vllm", action="store_true", help="no vLLM baseline")
     parser.add_argument("--seed", type=int, default=0)
@@ -76,6 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.hf_batch_size < 1:
         parser.error("--hf-batch-size must be >= 1")
+    if args.window_budget_blocks < 1:
+        parser.error("--window-budget-blocks must be >= 1")
     if args.quick:
         args.model = args.model or QUICK["model"]
         args.threads = args.threads or QUICK["threads"]

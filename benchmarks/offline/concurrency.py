@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.offline.config import BLOCK_SIZE, CONCURRENCY_MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS
-from benchmarks.offline.quire_run import run_quire
+from benchmarks.offline.quire_run import StepSample, run_quire
 from benchmarks.offline.workloads import Workload
 from quire import LLM
 
@@ -29,9 +29,7 @@ def run_concurrency(
     del llm
     gc.collect()
     samples = run.samples
-    refused = [i for i, s in enumerate(samples) if s.pool_refused]
-    waiting = [i for i, s in enumerate(samples) if s.num_waiting > 0]
-    window = samples[refused[0] : waiting[-1] + 1] if refused and waiting else []
+    window = saturated(samples)
     budget_tokens = budget_blocks * BLOCK_SIZE
     max_reservation = max(
         len(p) + n for p, n in zip(workload.prompts, workload.output_lens, strict=True)
@@ -64,6 +62,14 @@ def run_concurrency(
         "stub_tok_s": run.num_output_tokens / run.wall_s,
         "note": None if window else "the pool never filled: budget too large for the requests",
     }
+
+
+def saturated(samples: list[StepSample]) -> list[StepSample]:
+    """The steps from the first where the pool refused an admission or preempted to the last
+    with a non-empty waiting queue (none when the pool never filled)."""
+    refused = [i for i, s in enumerate(samples) if s.pool_refused]
+    waiting = [i for i, s in enumerate(samples) if s.num_waiting > 0]
+    return samples[refused[0] : waiting[-1] + 1] if refused and waiting else []
 
 
 def contiguous_oracle_concurrency(workload: Workload, budget_tokens: int) -> float | None:

@@ -10,6 +10,9 @@ CONCURRENCY_BUDGET_CONTEXTS = 8  # fixed KV budget: this many 2048-token context
 CONCURRENCY_CONTEXT = 2048  # the budget's unit: ShareGPT requests are kept up to 2048 tokens
 CONCURRENCY_DEMAND = 3.0  # concurrency run: total tokens requested / budget tokens
 CONCURRENCY_MAX_NUM_SEQS = 4096  # large: only the KV budget should bound concurrency
+# Window run (a model whose every layer slides): the KV budget blocks outside the window are
+# freed or kept in; small enough that keeping them bounds how many sequences run.
+WINDOW_BUDGET_BLOCKS = 256
 # Static batch for generate(): on 2 cores a decode step costs about the same at 4, 8 and 16
 # rows, so 16 is the fastest once the longer tail of a bigger batch is priced in.
 HF_BATCH_SIZE = 16
@@ -31,8 +34,9 @@ DEFINITIONS = {
     "tok_s": "requested output tokens / wall seconds from the first request to the last token",
     "kv_utilization": "Quire: time-weighted mean over steps of sum(seq.num_tokens) / "
     "(num_blocks_used * block_size) over running sequences, sampled after the step's block "
-    "allocation and before its forward pass (every running token has its slot then); each "
-    "step is weighted by its wall time",
+    "allocation and before its forward pass (every running token has its slot then, but a "
+    "sliding-window model's tokens in released blocks, left out here and counted by the "
+    "contiguous figures); each step is weighted by its wall time",
     "contiguous_kv_utilization": "the same samples with each running sequence reserving "
     "prompt_len + max_tokens contiguous slots (exact-reservation, Orca-oracle style)",
     "contiguous_kv_utilization_full_context": "the same with each running sequence reserving "

@@ -37,6 +37,7 @@ from benchmarks.offline.quire_run import run_quire, warm_up_quire, warmup_worklo
 from benchmarks.offline.table import print_table
 from benchmarks.offline.utilization import kv_summary, quire_flops
 from benchmarks.offline.vllm import VLLMRun, run_vllm
+from benchmarks.offline.window import freeable_window, run_window_freeing
 from benchmarks.offline.workloads import build_workload
 from quire import LLM
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     budget_blocks = budget_contexts * -(-budget_context // BLOCK_SIZE)
     num_kv_blocks = QUICK["num_kv_blocks"] if args.quick else None  # None: Quire's default
     warmup = warmup_workload(vocab_size)
+    window = freeable_window(args.model)
 
     machine = machine_info()
     dtypes = {d: getattr(torch, d) for d in dict.fromkeys([*args.dtypes, *args.hf_dtypes])}
@@ -93,6 +95,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ),
             "dtypes": {},
         }
+        if window is not None:
+            results["workloads"][name]["window_freeing"] = run_window_freeing(
+                args.model, workload, args.window_budget_blocks, args.dtypes[0], window
+            )
 
     for dtype in args.dtypes:
         gc.collect()
@@ -210,6 +216,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "concurrency_budget_blocks": budget_blocks,
         "concurrency_budget_contexts": budget_contexts,
         "concurrency_demand": CONCURRENCY_DEMAND,
+        "sliding_window": window,
+        "window_budget_blocks": args.window_budget_blocks,
         "matmul_size": MATMUL_SIZE,
         "warmup": {
             "prompt_lens": [len(p) for p in warmup.prompts],

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from benchmarks.common.workload import random_token_ids
 from benchmarks.offline.workloads import Workload
 from quire import LLM, SamplingParams
+from quire.block.window import num_released
 from quire.engine.llm_engine import LLMEngine, StepResult
 from quire.model.model_config import ModelConfig
 
@@ -25,11 +26,19 @@ class StepSample:
     duration_s: float  # the step's wall time, recording excluded (the sample's weight)
     num_running: int
     num_waiting: int
-    num_tokens: int  # sum of seq.num_tokens over running sequences (all hold slots now)
+    num_tokens: int  # sum of seq.num_tokens over running sequences
+    # of those, the tokens of blocks released outside a sliding window (every other token
+    # holds a slot now)
+    num_released_tokens: int
     num_block_slots: int  # num_blocks_used * block_size
     num_reserved_exact: int  # sum of prompt_len + max_tokens over running sequences
     num_reserved_context: int  # num_running * context length
     pool_refused: bool  # the allocator refused an admission or preempted in this step
+
+    @property
+    def num_slot_tokens(self) -> int:
+        """Tokens of running sequences that hold a KV slot now."""
+        return self.num_tokens - self.num_released_tokens
 
 
 @dataclass
@@ -78,6 +87,10 @@ class _StepRecorder:
         # Running when the step was scheduled: still running, or finished by this step.
         running = {s.request.request_id for s in self.engine.scheduler.running}
         running.update(d.request_id for d in result.outputs if d.finished)
+        # Tables as this step's forward read them (finished sequences' go in the next step).
+        num_released_tokens = allocator.block_size * sum(
+            num_released(live.block_table) for live in self.engine.runner.tables.live_sequences()
+        )
         self.samples.append(
             StepSample(
                 time_s=time_s,
@@ -85,6 +98,7 @@ class _StepRecorder:
                 num_running=stats.num_running,
                 num_waiting=stats.num_waiting,
                 num_tokens=stats.num_kv_tokens,
+                num_released_tokens=num_released_tokens,
                 num_block_slots=num_block_slots,
                 num_reserved_exact=sum(self.reservations[r] for r in running),
                 num_reserved_context=stats.num_running * self.engine.max_model_len,

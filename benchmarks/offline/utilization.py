@@ -39,14 +39,16 @@ def kv_summary(run: QuireRun) -> dict[str, Any]:
         np.linspace(0, len(samples) - 1, min(len(samples), TIMELINE_POINTS)).astype(int)
     )
     return {
-        "kv_utilization": time_weighted(samples, "num_tokens", "num_block_slots"),
+        "kv_utilization": time_weighted(samples, "num_slot_tokens", "num_block_slots"),
         "contiguous_kv_utilization": time_weighted(samples, "num_tokens", "num_reserved_exact"),
         "contiguous_kv_utilization_full_context": time_weighted(
             samples, "num_tokens", "num_reserved_context"
         ),
         "kv_timeline": {
             "time_s": [round(samples[i].time_s, 3) for i in keep],
-            "quire": [round(samples[i].num_tokens / samples[i].num_block_slots, 4) for i in keep],
+            "quire": [
+                round(samples[i].num_slot_tokens / samples[i].num_block_slots, 4) for i in keep
+            ],
             "contiguous": [
                 round(samples[i].num_tokens / samples[i].num_reserved_exact, 4) for i in keep
             ],

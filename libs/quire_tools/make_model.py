@@ -93,6 +93,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "head_dim": 64,
         **_rope(10000.0),
     },
+    # Mistral-shaped with a short window on every layer: what freeing blocks outside the window
+    # gains under a KV budget (make bench-engine ... --model a checkpoint of it).
+    "bench-mistral-window": {
+        **_COMMON,
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "sliding_window": 64,
+        **_rope(10000.0),
+    },
     "tiny-mqa": {
         **_LLAMA,
         **_TINY_SHAPE,
