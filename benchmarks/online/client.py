@@ -51,6 +51,12 @@ class VLLMServer(QuireServer):
     name = "vllm"
 
 
+class LlamaCppServer(QuireServer):
+    """llama-server takes the same body (ignore_eos is one of its sampling parameters)."""
+
+    name = "llamacpp"
+
+
 class TransformersServer(Server):
     name = "transformers"
     sends_done = False  # `transformers serve` closes the stream after its last chunk
@@ -91,6 +97,29 @@ async def run_rate(
             return r
 
         results = await asyncio.gather(*(one(r, t) for r, t in zip(requests, times, strict=True)))
+        duration = time.perf_counter() - t0
+    bar.close()
+    return list(results), duration
+
+
+async def run_concurrent(
+    server: Server, requests: list[Request], max_concurrency: int, desc: str
+) -> tuple[list[StreamRecord], float]:
+    """The requests in order, at most `max_concurrency` in flight (each next one sent as soon as
+    one finishes, as `vllm bench serve --max-concurrency` does); the results and the seconds."""
+    limits = httpx.Limits(max_connections=max_concurrency + 4, max_keepalive_connections=32)
+    gate = asyncio.Semaphore(max_concurrency)
+    bar = tqdm(total=len(requests), desc=desc, leave=False, dynamic_ncols=True)
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
+        t0 = time.perf_counter()
+
+        async def one(req: Request) -> StreamRecord:
+            async with gate:
+                r = await send(client, server, req)
+            bar.update(1)
+            return r
+
+        results = await asyncio.gather(*(one(r) for r in requests))
         duration = time.perf_counter() - t0
     bar.close()
     return list(results), duration

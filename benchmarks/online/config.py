@@ -15,17 +15,35 @@ VLLM_BLOCK_SIZE = 32
 QUIRE_KV_BLOCKS = 2048  # per executor, unless QUIRE_NUM_KV_BLOCKS is set
 # vLLM's KV cache: about what Quire's two executors hold (2 x 2048 blocks of 16 tokens; for
 # SmolLM2-135M in float32, 45 KiB per token: 2.8 GiB).
-VLLM_KV_CACHE_GIB = 3  # the plot's SLO-load axis stops here; overload runs off the top
+VLLM_KV_CACHE_GIB = 3
+# llama-server's shared KV pool in tokens: what Quire's two executors hold (2 x 2048 x 16), each
+# slot limited to the longest ShareGPT request kept (prompt + output <= 2048 tokens).
+LLAMACPP_KV_POOL_TOKENS = 65536
+LLAMACPP_CTX_PER_SLOT = 2048
+# Which weight formats each system serves: the dtypes of --dtypes, "q4_1" being llama.cpp's
+# 4-bit GGUF of the same model (an extra row, no one else's).
+SYSTEM_DTYPES = {
+    "quire": ("float32", "bfloat16"),
+    "vllm": ("float32", "bfloat16"),
+    "llamacpp": ("float32", "bfloat16", "q4_1"),
+    "transformers": ("float32", "bfloat16"),
+}
+PEERS = ("vllm", "llamacpp", "transformers")
+CLIENTS = ("vllm", "quire")  # vLLM's `vllm bench serve`, or this benchmark's own
 
 DEFAULTS: dict[str, Any] = {
     "model": "models/smollm2-135m-instruct",
     "dataset": "sharegpt",  # real ShareGPT requests (vLLM's sampling rule) or "random"
     "data": str(sharegpt.DEFAULT_PATH),
-    "peers": "vllm,transformers",  # baselines, in order; the first is the main one
-    "rates": "0.25,0.5,0.75,1,1.5",
-    "num_prompts": 32,
-    "burst": 64,  # requests sent all at once (rate infinity), per system
-    "vllm_client": True,  # also drive Quire and vLLM with vLLM's own benchmark client
+    "peers": "vllm,llamacpp",  # baselines, in order; the first is the main one
+    "dtypes": "float32,bfloat16,q4_1",  # each system runs in each it serves (SYSTEM_DTYPES)
+    # The curve: max requests in flight per point ("all": every request at once) and the
+    # requests each point sends, driven by these clients (CLIENTS).
+    "concurrency": "1,4,16,all",
+    "curve_prompts": "8,16,32,64",
+    "clients": "vllm",
+    "rates": "",  # Poisson request rates, req/s (none by default: the curve is the main run)
+    "num_prompts": 32,  # requests per rate
     # --dataset random: lognormal lengths with these means and caps. ShareGPT requests keep
     # their own lengths unless max_input_len / max_output_len are given.
     "input_len": 128,
@@ -50,10 +68,12 @@ DEFAULTS: dict[str, Any] = {
 # executor so the stack starts fast).
 QUICK: dict[str, Any] = {
     "model": "models/quire-tiny",
+    "dtypes": "float32",
+    "concurrency": "1,all",
+    "curve_prompts": "2,4",
+    "clients": "quire",
     "rates": "1,2",
     "num_prompts": 4,
-    "burst": 4,
-    "vllm_client": False,
     "input_len": 16,
     "output_len": 8,
     "max_input_len": 32,

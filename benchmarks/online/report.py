@@ -9,78 +9,132 @@ from benchmarks.common.report import write_json
 from benchmarks.online.plot import plot
 
 HEADER = (
-    f"{'system':<13}{'rate':>6}{'done':>6}{'req/s':>8}{'tok/s':>8}{'good/s':>8}"
+    f"{'system':<20}{'rate':>6}{'done':>6}{'req/s':>8}{'tok/s':>8}{'good/s':>8}"
     f"{'TTFT mean/med/p99 ms':>24}{'TPOT mean/med/p99 ms':>24}{'ITL p99':>9}{'load':>7}"
+)
+CURVE_HEADER = (
+    f"{'system':<20}{'client':>7}{'conc':>6}{'done':>6}{'req/s':>8}{'tok/s':>8}"
+    f"{'TTFT p50/p99 ms':>18}{'TPOT p50/p99 ms':>18}{'ITL p99':>9}"
+)
+RATIO_HEADER = (
+    f"{'dtype':<10}{'peer':<14}{'client':<8}{'conc':>6}{'tok/s':>9}{'TTFT p50':>10}{'TPOT p50':>10}"
 )
 
 
+def shown(value: float | None, fmt: str = ".0f") -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def last_line(text: str, width: int = 200) -> str:
+    """The last non-blank line of a failure's reason (a log tail ends with the error)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return lines[-1].strip()[:width] if lines else ""
+
+
 def row(name: str, run: dict[str, Any]) -> str:
-    """One printed table row: a run of one system at one rate (or the burst)."""
-    rate = run["request_rate"]
+    """One printed table row: a run of one system at one Poisson rate."""
 
     def triple(s: dict[str, float | None]) -> str:
-        return "/".join("-" if s[k] is None else f"{s[k]:.0f}" for k in ("mean", "median", "p99"))
+        return "/".join(shown(s[k]) for k in ("mean", "median", "p99"))
 
-    itl, load = run["itl_ms"]["p99"], run["slo_load"]
+    load = run["slo_load"]
     return (
-        f"{name:<13}{'burst' if rate is None else f'{rate:g}':>6}{run['completed']:>6}"
+        f"{name:<20}{run['request_rate']:>6g}{run['completed']:>6}"
         f"{run['request_throughput']:>8.2f}{run['output_throughput']:>8.1f}{run['goodput']:>8.2f}"
         f"{triple(run['ttft_ms']):>24}{triple(run['tpot_ms']):>24}"
-        f"{'-' if itl is None else f'{itl:.0f}':>9}{'inf' if load is None else f'{load:.2f}':>7}"
+        f"{shown(run['itl_ms']['p99']):>9}{'inf' if load is None else f'{load:.2f}':>7}"
     )
 
 
+def curve_row(name: str, point: dict[str, Any]) -> str:
+    """One printed table row: one point of one system's curve by one client."""
+    c = point["max_concurrency"]
+    head = f"{name:<20}{point['client']:>7}{'all' if c is None else c:>6}"
+    if "completed" not in point:  # the client itself failed
+        return f"{head}  {point['status']}: {last_line(point.get('reason', ''))}"
+
+    def pair(s: dict[str, float | None]) -> str:
+        return f"{shown(s['median'])}/{shown(s['p99'])}"
+
+    line = (
+        f"{head}{point['completed']:>6}{point['request_throughput']:>8.2f}"
+        f"{point['output_throughput']:>8.1f}{pair(point['ttft_ms']):>18}"
+        f"{pair(point['tpot_ms']):>18}{shown(point['itl_ms']['p99']):>9}"
+    )
+    if point["status"] != "ok":
+        line += f"  {point['status']}: {last_line(point.get('reason', ''), 120)}"
+    if not point.get("output_tokens_as_expected", True):
+        line += f"  (output tokens {point['total_output_tokens']}, "
+        line += f"expected {point['expected_output_tokens']})"
+    return line
+
+
+def ratio_rows(results: dict[str, Any]) -> list[str]:
+    """The same-run ratios, a row per dtype, peer, client and point."""
+    lines = []
+    for dtype, peers in results.get("ratios", {}).items():
+        for peer, r in peers.items():
+            for client, points in r["curve"].items():
+                for p in points:
+                    c = p["max_concurrency"]
+                    lines.append(
+                        f"{dtype:<10}{peer:<14}{client:<8}{'all' if c is None else c:>6}"
+                        f"{shown(p['output_throughput'], '.3f'):>9}"
+                        f"{shown(p['ttft_p50'], '.3f'):>10}{shown(p['tpot_p50'], '.3f'):>10}"
+                    )
+    return lines
+
+
 def report(results: dict[str, Any], out: Path) -> None:
-    """Write serving.json and serving.png to `out` and print the table."""
+    """Write serving.json and serving.png to `out` and print the tables."""
     slo = results["slo"]
     write_json(out / "serving.json", results)
     plot(results, out / "serving.png")
+    systems = results["systems"]
     print()
-    print(f"SLO: TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms")
-    print(HEADER)
-    for name, system in results["systems"].items():
+    if any(s.get("curve") for s in systems.values()):
+        print("The curve: max requests in flight per point (all: every request at once)")
+        print(CURVE_HEADER)
+        for name, system in systems.items():
+            for points in (system.get("curve") or {}).values():
+                for point in points:
+                    print(curve_row(name, point))
+    for name, system in systems.items():
         if system.get("status") != "ok":
-            print(f"{name:<13}{system['status']}: {system.get('reason', '')[:200]}")
-            continue
-        for run in [system.get("burst"), *system["runs"]]:
-            if run is not None:
+            print(f"{name:<20}{system['status']}: {last_line(system.get('reason', ''), 300)}")
+    lines = ratio_rows(results)
+    if lines:
+        print()
+        print("Same-run ratios, Quire against each peer in the same dtype (above 1: Quire ahead;")
+        print("tok/s = Quire / peer output throughput, TTFT p50 and TPOT p50 = peer / Quire):")
+        print(RATIO_HEADER)
+        print("\n".join(lines))
+    rated = {n: s for n, s in systems.items() if s.get("status") == "ok" and s.get("runs")}
+    if rated:
+        print()
+        print(f"Poisson rates; SLO: TTFT <= {slo['ttft_ms']:g} ms, TPOT <= {slo['tpot_ms']:g} ms")
+        print(HEADER)
+        for name, system in rated.items():
+            for run in system["runs"]:
                 print(row(name, run))
-    for name, system in results["systems"].items():
-        if system.get("status") == "ok":
-            s = system["sustainable"]
-            bound = ">= " if s["censored"] else ""
-            rate = f"{bound}{s['rate']:.2f}"
-            if s.get("below_rate"):  # over the SLOs already at the lowest tested rate
-                rate = f"< {s['below_rate']:.2f}"
-            print(
-                f"{name}: sustainable rate (SLO load = max(TTFT p99 / {slo['ttft_ms']:g} ms, "
-                f"TPOT p99 / {slo['tpot_ms']:g} ms) <= 1) {rate} req/s; "
-                f"highest tested rate under it {s['max_rate_under_slo']:g}"
-            )
-    for name, system in results["systems"].items():
-        client = system.get("vllm_client") or {}
-        if client.get("status") == "ok":
-            print(
-                f"{name}: vLLM's client, {client['num_prompts']} at once: "
-                f"{client['output_throughput']:.1f} output tok/s, TTFT mean "
-                f"{client['mean_ttft_ms']:.0f} ms, TPOT mean {client['mean_tpot_ms']:.0f} ms"
-            )
-        elif client:
-            print(f"{name}: vLLM's client {client['status']}: {client.get('reason', '')[:300]}")
-
-    def shown(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.3f}"
-
-    for peer, r in results.get("ratios", {}).items():
+    for name, system in rated.items():
+        s = system["sustainable"]
+        bound = ">= " if s["censored"] else ""
+        rate = f"{bound}{s['rate']:.2f}"
+        if s.get("below_rate"):  # over the SLOs already at the lowest tested rate
+            rate = f"< {s['below_rate']:.2f}"
         print(
-            f"quire / {peer}: sustainable rate {shown(r['sustainable_rate'])} "
-            f"({r['sustainable_rate_note']}); burst output throughput "
-            f"{shown(r['burst_output_throughput'])}; vLLM's client output throughput "
-            f"{shown(r['vllm_client_output_throughput'])}"
+            f"{name}: sustainable rate (SLO load = max(TTFT p99 / {slo['ttft_ms']:g} ms, "
+            f"TPOT p99 / {slo['tpot_ms']:g} ms) <= 1) {rate} req/s; "
+            f"highest tested rate under it {s['max_rate_under_slo']:g}"
         )
-    ratio, ratio_note = results["sustainable_rate_ratio"], results["sustainable_rate_ratio_note"]
-    main_peer = results["config"].get("main_peer") or "baseline"
-    print(f"sustainable rate ratio quire / {main_peer}: {shown(ratio)} ({ratio_note})")
+    for dtype, peers in results.get("ratios", {}).items():
+        for peer, r in peers.items():
+            if results["config"].get("rates"):
+                print(
+                    f"sustainable rate ratio quire / {peer} {dtype}: "
+                    f"{shown(r['sustainable_rate'], '.3f')} ({r['sustainable_rate_note']})"
+                )
     check = results.get("sampling_check") or {}
     if check.get("status") == "ok":
         print(

@@ -81,26 +81,35 @@ class RequestPlan:
     """Every request one system gets, the same for every system: disjoint sets per phase."""
 
     warmup: list[Request]
-    burst: list[Request]  # all at once
+    curve: list[list[Request]]  # one fresh set per concurrency point
     rates: list[list[Request]]  # one fresh set per request rate
 
+    @property
+    def num_requests(self) -> int:
+        return len(self.warmup) + sum(map(len, self.curve)) + sum(map(len, self.rates))
 
-def plan_requests(model_dir: Path, args: argparse.Namespace, num_rates: int) -> RequestPlan:
-    """ShareGPT: one seeded sample split into phases (the burst is its head, so it is exactly
-    what vLLM's client samples with the same seed). Random: a seed per phase."""
-    n, burst, warmup = args.num_prompts, args.burst, args.warmup
+
+def plan_requests(model_dir: Path, args: argparse.Namespace) -> RequestPlan:
+    """ShareGPT: one seeded sample (vLLM's rule: `sampling_check` holds it to vLLM's own
+    sampler) split into phases, the curve's points first. Random: a seed per phase."""
+    n, warmup, points = args.num_prompts, args.warmup, args.curve_prompts
+    num_rates = len(args.rates)
     if args.dataset == "sharegpt":
-        pool = sharegpt_requests(model_dir, burst + warmup + num_rates * n, args)
-        rest = pool[burst + warmup :]
+        pool = sharegpt_requests(model_dir, sum(points) + warmup + num_rates * n, args)
+        curve, start = [], 0
+        for size in points:
+            curve.append(pool[start : start + size])
+            start += size
+        rest = pool[start + warmup :]
         return RequestPlan(
-            warmup=pool[burst : burst + warmup],
-            burst=pool[:burst],
+            warmup=pool[start : start + warmup],
+            curve=curve,
             rates=[rest[i * n : (i + 1) * n] for i in range(num_rates)],
         )
+    # Fresh prompts in every phase: reusing them would let prefix caches answer from memory.
     return RequestPlan(
         warmup=make_requests(model_dir, warmup, args, args.seed + 1),
-        burst=make_requests(model_dir, burst, args, args.seed + 50),
-        # Fresh prompts at every rate: reusing them would let prefix caches answer from memory.
+        curve=[make_requests(model_dir, k, args, args.seed + 50 + i) for i, k in enumerate(points)],
         rates=[make_requests(model_dir, n, args, args.seed + 100 * i) for i in range(num_rates)],
     )
 

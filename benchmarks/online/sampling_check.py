@@ -12,8 +12,10 @@ from benchmarks.online.requests import sharegpt_requests
 from benchmarks.peers import vllm_env
 
 
-def check_sampling(model_dir: Path, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    """Whether vLLM's own sampler, with the same seed, draws exactly our burst requests."""
+def check_sampling(
+    model_dir: Path, args: argparse.Namespace, num_requests: int, tmp: Path
+) -> dict[str, Any]:
+    """Whether vLLM's own sampler, with the same seed, draws exactly our first `num_requests`."""
     if args.dataset != "sharegpt":
         return {"status": "skipped", "reason": "--dataset random"}
     try:
@@ -23,7 +25,7 @@ def check_sampling(model_dir: Path, args: argparse.Namespace, tmp: Path) -> dict
     out = tmp / "vllm-sample.json"
     proc = subprocess.run(
         [str(python), str(vllm_env.PEERS_DIR / "vllm_sample.py"), str(Path(args.data).resolve())]
-        + [str(model_dir), str(args.burst), str(args.seed), str(out)],
+        + [str(model_dir), str(num_requests), str(args.seed), str(out)],
         env=vllm_env.vllm_environment(),
         capture_output=True,
         text=True,
@@ -35,7 +37,7 @@ def check_sampling(model_dir: Path, args: argparse.Namespace, tmp: Path) -> dict
     uncapped = argparse.Namespace(**{**vars(args), "max_input_len": None, "max_output_len": None})
     ours = [
         (r.prompt, r.prompt_len, r.output_len)
-        for r in sharegpt_requests(model_dir, args.burst, uncapped)
+        for r in sharegpt_requests(model_dir, num_requests, uncapped)
     ]
     mismatches = sum(a != b for a, b in zip(ours, theirs, strict=False)) + abs(
         len(ours) - len(theirs)
@@ -46,5 +48,6 @@ def check_sampling(model_dir: Path, args: argparse.Namespace, tmp: Path) -> dict
         "identical": mismatches == 0,
         "num_mismatches": mismatches,
         "what": "(prompt text, prompt tokens, output tokens) of vllm.benchmarks.datasets."
-        "get_samples(--dataset-name sharegpt, --seed, --num-prompts burst) against ours",
+        "get_samples(--dataset-name sharegpt, --seed, --num-prompts: every request of the run) "
+        "against ours",
     }

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from benchmarks.common.sse import StreamRecord
-from benchmarks.common.stats import finite_or_none, number_at, ratio, stats_ms
+from benchmarks.common.stats import finite_or_none, stats_ms
 
 DEFINITIONS = {
     "ttft_ms": "request sent to its first non-empty text chunk",
@@ -28,7 +28,12 @@ DEFINITIONS = {
     "rate's too)",
     "sustainable_rate_ratio": "Quire sustainable_rate / baseline sustainable_rate: how much more "
     "load Quire sustains at the same TTFT p99 and TPOT p99 targets; "
-    "sustainable_rate_ratio_note says when it is only a bound",
+    "sustainable_rate_note says when it is only a bound",
+    "max_concurrency": "a curve point: requests sent in order with at most this many in flight, "
+    "each next one when one finishes (null: all of the point's requests at once)",
+    "curve ratios": "per dtype, per peer, per client and point, Quire against the peer in the same "
+    "dtype in the same run: output_throughput = Quire / peer, ttft_p50 and tpot_p50 = peer / "
+    "Quire (medians); above 1 means Quire is ahead",
 }
 
 
@@ -121,56 +126,39 @@ def sustainable_rate(
     return {"rate": below, "censored": True, "max_rate_under_slo": max_under}
 
 
-def compare(
-    systems: dict[str, dict[str, Any]], baseline: str = "transformers"
-) -> tuple[float | None, str]:
-    """Quire's sustainable rate over a baseline's, and what kind of number that is."""
-    q, b = systems.get("quire", {}), systems.get(baseline, {})
+def compare(q: dict[str, Any], b: dict[str, Any]) -> tuple[float | None, str]:
+    """Quire's sustainable rate over a baseline's (each a system of serving.json), and what kind
+    of number that is."""
     rate_ratio: float | None = None
     ratio_note = "needs both systems"
-    if q.get("status") == "ok" and b.get("status") == "ok":
-        qs, bs = q["sustainable"], b["sustainable"]
-        if bs["rate"] > 0:
-            rate_ratio = qs["rate"] / bs["rate"]
-            ratio_note = "exact"
-            if qs["censored"] and not bs["censored"]:
-                ratio_note = (
-                    "lower bound: Quire's SLO load stayed <= 1 at every tested rate, so its "
-                    "sustainable rate is at least the highest one; raise --rates"
-                )
-            elif bs["censored"] and not qs["censored"]:
-                ratio_note = "upper bound: the baseline's SLO load stayed <= 1 at every tested rate"
-            elif qs["censored"] and bs["censored"]:
-                ratio_note = (
-                    "not a measurement: both systems' SLO load stayed <= 1 at every tested "
-                    "rate; raise --rates"
-                )
-        elif qs["rate"] > 0 and bs.get("below_rate"):
-            rate_ratio = qs["rate"] / bs["below_rate"]
+    if q.get("status") != "ok" or b.get("status") != "ok":
+        return rate_ratio, ratio_note
+    qs, bs = q.get("sustainable"), b.get("sustainable")
+    if qs is None or bs is None:
+        return rate_ratio, "no request rates were run"
+    if bs["rate"] > 0:
+        rate_ratio = qs["rate"] / bs["rate"]
+        ratio_note = "exact"
+        if qs["censored"] and not bs["censored"]:
             ratio_note = (
-                "lower bound: the baseline's SLO load is over 1 already at the lowest tested "
-                f"rate ({bs['below_rate']:g} req/s), so its sustainable rate is below that"
+                "lower bound: Quire's SLO load stayed <= 1 at every tested rate, so its "
+                "sustainable rate is at least the highest one; raise --rates"
             )
-        else:
+        elif bs["censored"] and not qs["censored"]:
+            ratio_note = "upper bound: the baseline's SLO load stayed <= 1 at every tested rate"
+        elif qs["censored"] and bs["censored"]:
             ratio_note = (
-                "undefined: the baseline's SLO load is over 1 at the lowest tested rate; "
-                "lower --rates"
+                "not a measurement: both systems' SLO load stayed <= 1 at every tested "
+                "rate; raise --rates"
             )
+    elif qs["rate"] > 0 and bs.get("below_rate"):
+        rate_ratio = qs["rate"] / bs["below_rate"]
+        ratio_note = (
+            "lower bound: the baseline's SLO load is over 1 already at the lowest tested "
+            f"rate ({bs['below_rate']:g} req/s), so its sustainable rate is below that"
+        )
+    else:
+        ratio_note = (
+            "undefined: the baseline's SLO load is over 1 at the lowest tested rate; lower --rates"
+        )
     return rate_ratio, ratio_note
-
-
-def ratios(systems: dict[str, dict[str, Any]], peer: str) -> dict[str, Any]:
-    """Quire over one peer: sustainable rate, burst throughput, vLLM's client's throughput."""
-    q, b = systems.get("quire", {}), systems.get(peer, {})
-    rate, note = compare(systems, peer)
-    return {
-        "sustainable_rate": rate,
-        "sustainable_rate_note": note,
-        "burst_output_throughput": ratio(
-            number_at(q, "burst", "output_throughput"), number_at(b, "burst", "output_throughput")
-        ),
-        "vllm_client_output_throughput": ratio(
-            number_at(q, "vllm_client", "output_throughput"),
-            number_at(b, "vllm_client", "output_throughput"),
-        ),
-    }

@@ -1,12 +1,11 @@
-"""The servers under test, each started on free ports and stopped afterwards: Quire's stack,
-`vllm serve` and `transformers serve`."""
+"""The servers under test, each started on free ports in a pinned dtype and stopped afterwards:
+Quire's stack, `vllm serve`, llama.cpp's `llama-server` and `transformers serve`."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,10 +13,17 @@ from typing import Any
 
 import httpx
 
-from benchmarks.online.client import QuireServer, TransformersServer, VLLMServer
-from benchmarks.online.config import QUIRE_KV_BLOCKS, REPO, VLLM_BLOCK_SIZE, VLLM_KV_CACHE_GIB
+from benchmarks.common.server_process import serving_process
+from benchmarks.online.client import LlamaCppServer, QuireServer, TransformersServer, VLLMServer
+from benchmarks.online.config import (
+    LLAMACPP_CTX_PER_SLOT,
+    LLAMACPP_KV_POOL_TOKENS,
+    QUIRE_KV_BLOCKS,
+    REPO,
+    VLLM_BLOCK_SIZE,
+    VLLM_KV_CACHE_GIB,
+)
 from services.stack.ports import free_port, stack_ports
-from services.stack.runner import terminate
 
 
 def served_model(base_url: str) -> str:
@@ -26,10 +32,10 @@ def served_model(base_url: str) -> str:
 
 
 @contextlib.contextmanager
-def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
-    """Quire's stack (Redis, memory manager, executors, router) on free ports; the rest of
-    its settings from the environment (`StackConfig.from_env`), the KV pool
-    `QUIRE_KV_BLOCKS` blocks per executor unless QUIRE_NUM_KV_BLOCKS says otherwise."""
+def quire_server(model_dir: Path, num_executors: int, run_dir: Path, dtype: str) -> Any:
+    """Quire's stack (Redis, memory manager, executors, router) on free ports, its executors in
+    `dtype`; the rest of its settings from the environment (`StackConfig.from_env`), the KV
+    pool `QUIRE_KV_BLOCKS` blocks per executor unless QUIRE_NUM_KV_BLOCKS says otherwise."""
     from services.stack.runner import Stack
     from services.stack.spec import StackConfig
 
@@ -41,6 +47,7 @@ def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
         redis_prefix=f"quire-bench-{ports['executor_base_port']}",
         python=sys.executable,
     )
+    config = dataclasses.replace(config, executor_dtype=dtype)
     if config.num_kv_blocks is None:
         config = dataclasses.replace(config, num_kv_blocks=QUIRE_KV_BLOCKS)
     stack = Stack(config, run_dir, cwd=REPO)
@@ -60,8 +67,8 @@ def quire_server(model_dir: Path, num_executors: int, run_dir: Path) -> Any:
 
 
 @contextlib.contextmanager
-def vllm_serve(model_dir: Path, log_path: Path) -> Any:
-    """`vllm serve` on the checkpoint: float32, the whole machine, Quire's batch limits."""
+def vllm_serve(model_dir: Path, log_path: Path, dtype: str) -> Any:
+    """`vllm serve` on the checkpoint in `dtype`: the whole machine, Quire's batch limits."""
     from benchmarks.peers.vllm_server import vllm_server
 
     extra = ["--block-size", str(VLLM_BLOCK_SIZE), "--max-num-seqs", "256"]
@@ -69,7 +76,7 @@ def vllm_serve(model_dir: Path, log_path: Path) -> Any:
     with vllm_server(
         model_dir,
         free_port(),
-        dtype="float32",
+        dtype=dtype,
         kv_space_gib=VLLM_KV_CACHE_GIB,
         max_model_len=2048,
         extra_args=extra,
@@ -79,8 +86,28 @@ def vllm_serve(model_dir: Path, log_path: Path) -> Any:
 
 
 @contextlib.contextmanager
-def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180) -> Any:
-    """`transformers serve --continuous-batching` on the CPU, on a free port."""
+def llamacpp_serve(model_dir: Path, log_path: Path, dtype: str, num_slots: int) -> Any:
+    """llama.cpp's `llama-server` on the GGUF of `dtype` (`make peer-llamacpp`), `num_slots`
+    requests decoded at once, Quire's KV pool size in tokens, the KV cache in `dtype`."""
+    from benchmarks.peers.llamacpp_env import KV_CACHE_TYPES, gguf_path
+    from benchmarks.peers.llamacpp_server import LlamaServerConfig, llamacpp_server
+
+    config = LlamaServerConfig(
+        gguf=gguf_path(dtype),
+        port=free_port(),
+        num_slots=num_slots,
+        ctx_per_slot=LLAMACPP_CTX_PER_SLOT,
+        kv_pool_tokens=LLAMACPP_KV_POOL_TOKENS,
+        kv_cache_type=KV_CACHE_TYPES[dtype],
+        alias=model_dir.name,
+    )
+    with llamacpp_server(config, log_path) as base_url:
+        yield LlamaCppServer(base_url, served_model(base_url))
+
+
+@contextlib.contextmanager
+def transformers_server(model_dir: Path, log_path: Path, dtype: str, timeout_s: float = 180) -> Any:
+    """`transformers serve --continuous-batching` on the CPU in `dtype`, on a free port."""
     port = free_port()
     argv = [
         sys.executable,
@@ -89,6 +116,8 @@ def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180)
         "--continuous-batching",
         "--device",
         "cpu",
+        "--dtype",
+        dtype,
         "--host",
         "127.0.0.1",
         "--port",
@@ -96,23 +125,9 @@ def transformers_server(model_dir: Path, log_path: Path, timeout_s: float = 180)
         str(model_dir),
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
     base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                tail = log_path.read_text(errors="replace")[-1500:]
-                raise RuntimeError(f"transformers serve exited ({proc.returncode}): {tail}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"transformers serve not healthy after {timeout_s} s")
-            time.sleep(0.5)
+    name = "transformers serve"
+    with serving_process(
+        name, argv, base_url, log_path, env=env, cwd=REPO, startup_timeout_s=timeout_s
+    ):
         yield TransformersServer(base_url, served_model(base_url))
-    finally:
-        terminate(proc, timeout_s=20)

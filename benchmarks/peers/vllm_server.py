@@ -20,37 +20,25 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from benchmarks.common.server_process import log_tail, serving_process
 from benchmarks.peers.vllm_env import PEERS_DIR, ensure_installed, vllm_environment
 
 # The non-deprecated home of `python -m vllm.entrypoints.openai.api_server` (same main()).
 SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
 BENCH_CLIENT_SCRIPT = PEERS_DIR / "vllm_bench_serve.py"
 ENDPOINTS = {"openai": "/v1/completions", "openai-chat": "/v1/chat/completions"}
-LOG_TAIL_LINES = 40
 
 
 class PeerServerError(RuntimeError):
     """The peer server died or never became healthy."""
-
-
-def _log_tail(path: Path, num_lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    return "\n".join(lines[-num_lines:])
 
 
 def _is_port_free(host: str, port: int) -> bool:
@@ -61,26 +49,6 @@ def _is_port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
-
-
-def _is_healthy(base_url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _stop_group(process: subprocess.Popen[bytes], grace_s: float = 30) -> None:
-    """SIGTERM the process group (API server, engine core, worker), SIGKILL what stays."""
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGTERM)
-    with suppress(subprocess.TimeoutExpired):
-        process.wait(timeout=grace_s)
-    # The leader may be gone while its children are not.
-    with suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
 
 
 @contextmanager
@@ -135,35 +103,19 @@ def vllm_server(
         fd, name = tempfile.mkstemp(prefix="vllm-server-", suffix=".log")
         os.close(fd)
         log_path = Path(name)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     base_url = f"http://{host}:{port}"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command,
-            env=vllm_environment(cores, kv_space_gib),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            # Its own process group, so the engine core and worker stop with it.
-            start_new_session=True,
-        )
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        while not _is_healthy(base_url):
-            if process.poll() is not None:
-                raise PeerServerError(
-                    f"vLLM server exited with {process.returncode} before becoming healthy; "
-                    f"{log_path} ends:\n{_log_tail(log_path)}"
-                )
-            if time.monotonic() > deadline:
-                raise PeerServerError(
-                    f"vLLM server not healthy after {startup_timeout_s:.0f}s; "
-                    f"{log_path} ends:\n{_log_tail(log_path)}"
-                )
-            time.sleep(1)
+    env = vllm_environment(cores, kv_space_gib)
+    # Its own process group, so the engine core and worker stop with it.
+    with serving_process(
+        "vLLM server",
+        command,
+        base_url,
+        log_path,
+        env=env,
+        startup_timeout_s=startup_timeout_s,
+        error=PeerServerError,
+    ):
         yield base_url
-    finally:
-        _stop_group(process)
 
 
 def run_vllm_bench_client(
@@ -175,6 +127,7 @@ def run_vllm_bench_client(
     request_rate: float,
     seed: int,
     result_path: Path,
+    dataset_name: Literal["sharegpt", "custom"] = "sharegpt",
     backend: Literal["openai", "openai-chat"] = "openai",
     ignore_eos: bool = True,
     max_concurrency: int | None = None,
@@ -184,7 +137,11 @@ def run_vllm_bench_client(
     extra_args: Sequence[str] = (),
     timeout_s: float | None = None,
 ) -> dict[str, Any]:
-    """Run `vllm bench serve` on a ShareGPT file against `base_url` and return its result.
+    """Run `vllm bench serve` on a dataset file against `base_url` and return its result.
+
+    `dataset_name` "sharegpt" samples a ShareGPT file by vLLM's rule; "custom" sends a JSONL
+    file's requests exactly, in the file's order (`{"prompt": text, "output_tokens": n}` per
+    line, the prompt as it is, no chat template), `num_prompts` of them.
 
     Any OpenAI-compatible server will do; `model_name` is the name it serves (sent as
     "model"), `tokenizer_dir` the tokenizer the client counts prompt tokens with and samples
@@ -215,7 +172,7 @@ def run_vllm_bench_client(
         "--tokenizer",
         str(Path(tokenizer_dir).resolve()),
         "--dataset-name",
-        "sharegpt",
+        dataset_name,
         "--dataset-path",
         str(Path(dataset_path).resolve()),
         "--num-prompts",
@@ -236,6 +193,9 @@ def run_vllm_bench_client(
         "--result-filename",
         str(result_path),
     ]
+    if dataset_name == "custom":
+        command += ["--skip-chat-template", "--disable-shuffle", "--no-oversample"]
+        command += ["--custom-output-len", "-1"]
     if ignore_eos:
         command.append("--ignore-eos")
     if max_concurrency is not None:
@@ -261,7 +221,7 @@ def run_vllm_bench_client(
     if completed.returncode != 0 or not result_path.exists():
         raise RuntimeError(
             f"vllm bench serve failed ({completed.returncode}); {log_path} ends:\n"
-            f"{_log_tail(log_path)}"
+            f"{log_tail(log_path)}"
         )
     result: dict[str, Any] = json.loads(result_path.read_text())
     return result

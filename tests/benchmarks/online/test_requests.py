@@ -26,15 +26,26 @@ def args_for(*flags: str) -> Any:
 
 
 def test_sharegpt_plan_splits_one_seeded_sample(tiny: Path) -> None:
-    args = args_for("--burst", "3", "--num-prompts", "2", "--warmup", "1")
-    assert args.dataset == "sharegpt"
-    plan = plan_requests(tiny, args, num_rates=2)
-    pool = sharegpt_requests(tiny, 3 + 1 + 2 * 2, args)
-    assert plan.burst == pool[:3]  # the head: what vLLM's client samples with the same seed
-    assert plan.warmup == pool[3:4]
-    assert plan.rates == [pool[4:6], pool[6:8]]
+    args = args_for(
+        "--concurrency", "1,all", "--curve-prompts", "2,3", "--num-prompts", "2", "--warmup", "1"
+    )
+    assert args.dataset == "sharegpt" and args.rates == [1.0, 2.0]
+    plan = plan_requests(tiny, args)
+    pool = sharegpt_requests(tiny, 2 + 3 + 1 + 2 * 2, args)
+    assert plan.curve == [pool[:2], pool[2:5]]  # the head, a fresh set per point
+    assert plan.warmup == pool[5:6]
+    assert plan.rates == [pool[6:8], pool[8:10]]
+    assert plan.num_requests == len(pool)
     for r in pool:  # --quick caps both lengths
         assert r.prompt_len <= args.max_input_len and 1 <= r.output_len <= args.max_output_len
+
+
+def test_random_plan_gives_every_phase_fresh_prompts(tiny: Path) -> None:
+    args = args_for("--dataset", "random", "--concurrency", "1,4", "--curve-prompts", "3")
+    plan = plan_requests(tiny, args)
+    assert [len(p) for p in plan.curve] == [3, 3] and len(plan.rates) == 2
+    prompts = [r.prompt for phase in (plan.warmup, *plan.curve, *plan.rates) for r in phase]
+    assert len(set(prompts)) == len(prompts)
 
 
 def test_requests_without_shared_prefix_are_the_lognormal_lengths(tiny: Path) -> None:
