@@ -4,9 +4,11 @@ The machine plays the executor: it builds one `StepAllocation` per step (frees,
 commits, forks, appends for every running sequence, admits of new and preempted
 prompts), applies the returned copies to a simulated KV cache, "computes" a
 random chunk of each sequence's pending tokens by writing token ids into their
-slots, and checks that every sequence reads back its own tokens. That catches a
-block reused while still referenced, a wrong prefix hit, or a missed
-copy-on-write, on top of `check_integrity()` after every step.
+slots, and checks that every sequence reads back its own tokens (with a sliding
+window, those its next token's window and its pending tokens need: the blocks
+before it may be released). That catches a block reused while still referenced,
+a wrong prefix hit, a block released too early, or a missed copy-on-write, on top
+of `check_integrity()` after every step.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from quire.block import (
+    RELEASED_BLOCK,
     AdmitRequest,
     AppendRequest,
     BlockManager,
@@ -53,10 +56,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         num_blocks=st.integers(3, 16),
         block_size=st.sampled_from([1, 2, 4]),
         caching=st.booleans(),
+        window=st.sampled_from([None, None, 1, 3, 6]),
     )
-    def setup(self, num_blocks: int, block_size: int, caching: bool) -> None:
-        self.m = BlockManager(num_blocks, block_size, enable_prefix_caching=caching)
+    def setup(self, num_blocks: int, block_size: int, caching: bool, window: int | None) -> None:
+        self.m = BlockManager(num_blocks, block_size, caching, sliding_window=window)
         self.bs = block_size
+        self.window = window
         # Simulated KV cache: the token id held in each slot of each block.
         self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
 
@@ -128,6 +133,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             ("copy-on-write", bool(result.copies)),
             ("preemption", bool(result.preempted)),
             ("admit refused", bool(result.not_admitted)),
+            ("window release", any(RELEASED_BLOCK in t for t in result.block_tables.values())),
         ]:
             if happened:
                 event(name)
@@ -233,9 +239,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
             return
         for seq_id, seq in self.live.items():
             table = self.m.block_table(seq_id)
-            cached = [self.kv[table[p // self.bs]][p % self.bs] for p in range(seq.num_computed)]
-            assert cached == seq.tokens[: seq.num_computed], f"{seq_id} reads corrupted KV"
-        used = {b for s in self.live for b in self.m.block_table(s)}
+            # The next token (at num_computed) reads from `first` on; pending tokens later.
+            first = 0 if self.window is None else max(0, seq.num_computed - self.window + 1)
+            needed = range(first // self.bs, len(table))
+            assert all(table[i] != RELEASED_BLOCK for i in needed), f"{seq_id} released early"
+            positions = range(first, seq.num_computed)
+            cached = [self.kv[table[p // self.bs]][p % self.bs] for p in positions]
+            assert cached == seq.tokens[first : seq.num_computed], f"{seq_id} reads corrupted KV"
+        used = {b for s in self.live for b in self.m.block_table(s) if b != RELEASED_BLOCK}
         assert self.m.stats().num_blocks_used == len(used)
 
     def teardown(self) -> None:
