@@ -18,13 +18,7 @@ def run_concurrency(
     model: str, workload: Workload, budget_blocks: int, context_len: int
 ) -> dict[str, Any]:
     """Quire in a fixed KV budget against contiguous reservation of the same budget."""
-    llm = LLM(
-        model=model,
-        block_size=BLOCK_SIZE,
-        num_kv_blocks=budget_blocks,
-        max_num_seqs=CONCURRENCY_MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-    )
+    llm = budget_llm(model, budget_blocks)
     run = run_quire(llm, workload, f"quire {workload.name} concurrency", stub_forward=True)
     del llm
     gc.collect()
@@ -62,6 +56,18 @@ def run_concurrency(
         "stub_tok_s": run.num_output_tokens / run.wall_s,
         "note": None if window else "the pool never filled: budget too large for the requests",
     }
+
+
+def budget_llm(model: str, budget_blocks: int, **engine: Any) -> LLM:
+    """An `LLM` whose KV pool is the budget and whose sequence limit never binds."""
+    return LLM(
+        model=model,
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=budget_blocks,
+        max_num_seqs=CONCURRENCY_MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        **engine,
+    )
 
 
 def saturated(samples: list[StepSample]) -> list[StepSample]:

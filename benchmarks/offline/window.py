@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.offline.concurrency import saturated
-from benchmarks.offline.config import BLOCK_SIZE, CONCURRENCY_MAX_NUM_SEQS, MAX_NUM_BATCHED_TOKENS
+from benchmarks.offline.concurrency import budget_llm, saturated
 from benchmarks.offline.quire_run import QuireRun, run_quire
 from benchmarks.offline.workloads import Workload
-from quire import LLM
 from quire.model.checkpoint import load_model_config
 
 
@@ -35,15 +33,7 @@ def run_window_freeing(
     """`workload` in `budget_blocks` with blocks outside the window freed, then kept."""
     runs: dict[str, QuireRun] = {}
     for label, free in (("freed", True), ("kept", False)):
-        llm = LLM(
-            model=model,
-            dtype=dtype,
-            block_size=BLOCK_SIZE,
-            num_kv_blocks=budget_blocks,
-            max_num_seqs=CONCURRENCY_MAX_NUM_SEQS,
-            max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-            free_outside_window=free,
-        )
+        llm = budget_llm(model, budget_blocks, dtype=dtype, free_outside_window=free)
         runs[label] = run_quire(llm, workload, f"quire {workload.name} window blocks {label}")
         del llm
         gc.collect()
