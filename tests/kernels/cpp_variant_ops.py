@@ -17,8 +17,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import cpp_attention, packed_linear, reference, reference_fused
-from tests.kernels.helpers import cu_lens, make_paged_batch, random_queries
+from quire.kernels import (
+    cpp_attention,
+    cpp_quantized,
+    packed_linear,
+    reference,
+    reference_fused,
+    reference_quantized,
+)
+from tests.kernels.helpers import cu_lens, make_paged_batch, random_blocks, random_queries
 
 DTYPES = (torch.float32, torch.bfloat16)
 # (num_heads, num_kv_heads): SmolLM2-135M's GQA 3 and MHA.
@@ -164,6 +171,30 @@ def _linear_case(dtype: torch.dtype) -> OpCase:
     )
 
 
+def _quantized_cases() -> list[OpCase]:
+    """One linear over each block format's random blocks (float32 activations; bfloat16 ones
+    are converted to float32 before the same kernel)."""
+    g = torch.Generator().manual_seed(6)
+    cases = []
+    for name in reference_quantized.FORMATS:
+        x = torch.randn(5, 256, generator=g)
+        blocks = random_blocks(name, 67, 256, seed=7)
+        cases.append(
+            OpCase(
+                f"quantized_linear-{name}",
+                "quantized_linear",
+                torch.float32,
+                lambda x=x, blocks=blocks, name=name: cpp_quantized.quantized_linear(
+                    x, blocks, name
+                ),
+                lambda x=x, blocks=blocks, name=name: reference_quantized.quantized_linear(
+                    x, blocks, name
+                ),
+            )
+        )
+    return cases
+
+
 def op_cases() -> list[OpCase]:
     """Every case, in a fixed order, on inputs that depend only on fixed seeds."""
     cases = []
@@ -174,7 +205,7 @@ def op_cases() -> list[OpCase]:
                     shape = (num_heads, num_kv_heads, head_dim, block_size)
                     cases += [_decode_case(dtype, *shape), _prefill_case(dtype, *shape)]
         cases += [_write_kv_cache_case(dtype), *_fused_cases(dtype), _linear_case(dtype)]
-    return cases
+    return cases + _quantized_cases()
 
 
 def registered_ops() -> list[str]:
@@ -196,6 +227,11 @@ def main(out_path: str) -> None:
     for case in op_cases():
         # packed linears exist only in builds with AVX-512 (packed_linear_supported says)
         if case.op == "packed_linear" and not packed_linear.cpu_supports(case.dtype):
+            continue
+        # and so do the quantized ones (quantized_linear_supported says, per format)
+        if case.op == "quantized_linear" and not cpp_quantized.supports(
+            case.name.removeprefix("quantized_linear-"), case.dtype
+        ):
             continue
         outputs[case.name] = case.cpp().contiguous()
     supported = [

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from quire.kernels import reference_quantized
 from quire.kernels.signatures import PagedAttention
 
 
@@ -237,3 +239,19 @@ def drop_blocks_outside_windows(
         first_key = max(0, context_len - query_len - sliding_window + 1)
         tables[seq, : first_key // block_size] = nan_block
     return PagedBatch(batch.keys, batch.values, key_cache, value_cache, tables, batch.context_lens)
+
+
+def random_blocks(name: str, rows: int, in_features: int, seed: int = 0) -> torch.Tensor:
+    """Random block bytes whose float16 scales are finite and small (the rest is any bits)."""
+    fmt = reference_quantized.FORMATS[name]
+    rng = np.random.default_rng(seed)
+    num = in_features // fmt.block_size
+    blocks = rng.integers(0, 256, size=(rows, num, fmt.block_bytes), dtype=np.uint8)
+    scales = (rng.standard_normal((rows, num, 2)) * 0.01).astype(np.float16).view(np.uint8)
+    if name in ("Q8_0", "Q4_0"):
+        blocks[..., 0:2] = scales[..., 0:2]
+    elif name in ("Q4_1", "Q4_K", "Q5_K"):  # d and m (or dmin)
+        blocks[..., 0:4] = scales.reshape(rows, num, 4)
+    else:  # Q6_K: d last
+        blocks[..., 208:210] = scales[..., 0:2]
+    return torch.from_numpy(blocks.reshape(rows, -1))

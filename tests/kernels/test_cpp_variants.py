@@ -37,6 +37,8 @@ LINEAR_TOLERANCES = {
     torch.float32: {"atol": 1e-4, "rtol": 1e-5},
     torch.bfloat16: {"atol": 1e-2, "rtol": 1.6e-2},
 }
+# A 256-term float32 dot product of dequantized blocks (values up to a few units).
+QUANTIZED_TOLERANCE = {"atol": 1e-3, "rtol": 1e-4}
 # Copies, and rotations rounded exactly as torch rounds them (reference_fused.py).
 EXACT_OPS = {"write_kv_cache_", "rotary_embedding_"}
 
@@ -93,7 +95,8 @@ def test_each_subprocess_loaded_the_variant_it_was_told(
 
 
 def test_every_registered_op_is_compared(variant_outputs: dict[str, VariantOutputs]) -> None:
-    compared = {case.op for case in CASES.values()} | {"packed_linear_supported"}
+    compared = {case.op for case in CASES.values()}
+    compared |= {"packed_linear_supported", "quantized_linear_supported"}
     for name, (_, metadata) in variant_outputs.items():
         assert set(metadata["ops"].split(",")) == compared, (
             f"{name} registers ops that cpp_variant_ops.py does not call"
@@ -120,10 +123,15 @@ def test_portable_build_matches_native_build_and_reference(
     expected = case.reference()
     portable, _ = variant_outputs[PORTABLE]
     native, _ = variant_outputs[_native_variant()]
-    if case.op == "packed_linear":
+    if case.op in ("packed_linear", "quantized_linear"):  # AVX-512 builds only
         assert name not in portable
         if name in native:
-            torch.testing.assert_close(native[name], expected, **LINEAR_TOLERANCES[case.dtype])
+            tolerance = (
+                QUANTIZED_TOLERANCE
+                if case.op == "quantized_linear"
+                else LINEAR_TOLERANCES[case.dtype]
+            )
+            torch.testing.assert_close(native[name], expected, **tolerance)
         return
     tolerance = {"atol": 0, "rtol": 0} if case.op in EXACT_OPS else TOLERANCES[case.dtype]
     got = portable[name]

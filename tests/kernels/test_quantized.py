@@ -10,28 +10,13 @@ import torch
 from gguf.quants import dequantize as gguf_dequantize
 
 from quire.kernels import cpp_build, cpp_quantized, quantized, reference_quantized
+from tests.kernels.helpers import random_blocks
 
 FORMATS = list(reference_quantized.FORMATS)
 needs_avx512 = pytest.mark.skipif(
     "avx512f" not in cpp_build.cpu_flags(),
     reason="needs AVX-512 (avx512f): Quire's quantized linear",
 )
-
-
-def random_blocks(name: str, rows: int, in_features: int, seed: int = 0) -> torch.Tensor:
-    """Random block bytes whose float16 scales are finite and small (the rest is any bits)."""
-    fmt = reference_quantized.FORMATS[name]
-    rng = np.random.default_rng(seed)
-    num = in_features // fmt.block_size
-    blocks = rng.integers(0, 256, size=(rows, num, fmt.block_bytes), dtype=np.uint8)
-    scales = (rng.standard_normal((rows, num, 2)) * 0.01).astype(np.float16).view(np.uint8)
-    if name in ("Q8_0", "Q4_0"):
-        blocks[..., 0:2] = scales[..., 0:2]
-    elif name in ("Q4_1", "Q4_K", "Q5_K"):  # d and m (or dmin)
-        blocks[..., 0:4] = scales.reshape(rows, num, 4)
-    else:  # Q6_K: d last
-        blocks[..., 208:210] = scales[..., 0:2]
-    return torch.from_numpy(blocks.reshape(rows, -1))
 
 
 @pytest.mark.parametrize("name", FORMATS)
