@@ -15,6 +15,7 @@ from hypothesis import event, settings
 from hypothesis.stateful import invariant, rule
 
 from quire.block import BlockManager, LiveSequenceState, hash_full_blocks
+from quire.block.window import num_released
 from tests.libs.block.test_manager_properties import BlockManagerMachine
 
 
@@ -36,7 +37,12 @@ class RestoringMachine(BlockManagerMachine):
             )
             for seq_id, seq in self.live.items()
         ]
-        self.m = BlockManager(old.num_blocks, old.block_size, old.enable_prefix_caching)
+        self.m = BlockManager(
+            old.num_blocks,
+            old.block_size,
+            old.enable_prefix_caching,
+            sliding_window=old.sliding_window,
+        )
         self.m.restore(live)
         self.m.check_integrity()
         event("restart")
@@ -44,12 +50,14 @@ class RestoringMachine(BlockManagerMachine):
             assert self.m.pool.refcount(block_id) == old.pool.refcount(block_id)
         for seq_id in self.live:
             assert self.m.block_table(seq_id) == old.block_table(seq_id)
-        # Indexed now: exactly the computed full blocks of live sequences (cached ones are lost).
+        # Indexed now: exactly the computed full blocks live sequences still hold (cached ones
+        # are lost, and so are those released outside a sliding window).
         computed = set()
         if self.m.enable_prefix_caching:
             for state in live:
                 hashes = hash_full_blocks(state.token_ids, self.bs, state.extra_key)
-                computed.update(hashes[: state.num_computed_tokens // self.bs])
+                held = num_released(state.block_table)
+                computed.update(hashes[held : state.num_computed_tokens // self.bs])
         assert set(self.m.indexed_hashes()) == computed
         added, removed = self.m.drain_index_events()
         assert removed == []
