@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.chaos.cluster import blocks_leaked, wait_healthy
+from benchmarks.chaos.cluster import blocks_leaked, executor_record, wait_healthy
 from benchmarks.chaos.load import Load, Outcome, classify_stream
 from benchmarks.chaos.stack import Plan, start_process
 from benchmarks.common.sse_client import stream
@@ -314,7 +314,19 @@ async def run_fault(
     return result
 
 
+async def until_serving(stack: Stack, timeout_s: float = 10.0) -> None:
+    """Wait (a bounded time) until the victim's liveness record shows sequences running, so
+    that the fault lands on streams rather than between them."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record = await asyncio.to_thread(executor_record, stack, VICTIM)
+        if record is not None and record.load.num_running > 0:
+            return
+        await asyncio.sleep(0.02)
+
+
 async def kill(stack: Stack) -> None:
+    await until_serving(stack)
     stack.signal(VICTIM, signal.SIGKILL)
     await asyncio.sleep(1.0)
     await start_process(stack, VICTIM, 90.0)
@@ -324,6 +336,7 @@ async def pause(stack: Stack) -> None:
     """SIGSTOP until the router has given up on the victim's streams (its stall bound and a
     second), then SIGCONT."""
     stall_s = float(os.environ.get("QUIRE_EXECUTOR_STALL_S", "10"))
+    await until_serving(stack)
     stack.signal(VICTIM, signal.SIGSTOP)
     try:
         await asyncio.sleep(stall_s + 2.0)
@@ -332,6 +345,7 @@ async def pause(stack: Stack) -> None:
 
 
 async def drain(stack: Stack) -> None:
+    await until_serving(stack)
     stack.signal(VICTIM, signal.SIGTERM)
     code = await asyncio.to_thread(stack.procs[VICTIM].wait, 60)
     if code != 0:

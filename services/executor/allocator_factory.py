@@ -65,7 +65,9 @@ def puller_factory(settings: ExecutorSettings) -> Callable[[PagedKVCache], Block
         return None
 
     def make(kv: PagedKVCache) -> BlockPuller:
-        return GrpcBlockPuller(kv, settings.pull_timeout_s, settings.tls_ca)
+        return GrpcBlockPuller(
+            kv, settings.pull_timeout_s, settings.tls_ca, settings.pull_source_cooldown_s
+        )
 
     return make
 

@@ -6,12 +6,19 @@ CRC-32 as it arrives. The leading blocks that arrived whole are written into the
 blocks; from the first missing, short or corrupted one on (the source died, the call timed
 out, the source refused) the rest is computed instead, so a failing pull costs at most its
 timeout and never a wrong token.
+
+A pull runs inside a step, so every stream of this executor waits for it: its deadline is
+`DEADLINE_FACTOR` times what its blocks took in this puller's recent whole pulls (at least
+`MIN_DEADLINE_S`, at most `timeout_s`; `timeout_s` until one pull has been measured). A source
+whose pull timed out or that was unreachable is not pulled from again for `cooldown_s`: a
+frozen peer (a paused container, a stuck process) costs its followers one deadline, not one per
+offer. (A router's stall bound, --executor-stall-s, must exceed `timeout_s`.)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 import structlog
@@ -25,6 +32,12 @@ from services.rpc import executor_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("quire.executor.pull")
 
+DEADLINE_FACTOR = 10.0  # a pull's deadline, in multiples of its measured duration
+MIN_DEADLINE_S = 0.5  # the shortest deadline (scheduling delays on a loaded host)
+AVERAGE_WEIGHT = 0.2  # of the newest whole pull in the seconds-per-block average
+# Failures that say the source is unreachable or not answering (not a refused pin).
+UNRESPONSIVE = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
+
 
 class GrpcBlockPuller:
     """A `quire.engine.scheduler.BlockPuller` over peers' ReadBlocks."""
@@ -34,6 +47,8 @@ class GrpcBlockPuller:
         kv: PagedKVCache,
         timeout_s: float = 5.0,
         tls_ca: str = "",
+        cooldown_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kv = kv
         self.layout = layout(kv)
@@ -41,17 +56,32 @@ class GrpcBlockPuller:
         self.tls_ca = tls_ca  # dial peers over TLS against this CA bundle ('' = plaintext)
         self._stubs: dict[str, pb_grpc.ExecutorStub] = {}
         self._channels: list[grpc.Channel] = []
+        self.cooldown_s = cooldown_s  # how long an unresponsive source is left alone
+        self.clock = clock
         self.stats = PullStats()
+        self.seconds_per_block: float | None = None  # moving average over whole pulls
+        self._avoid_until: dict[str, float] = {}  # source address -> when to try it again
+
+    def deadline_s(self, num_blocks: int) -> float:
+        """The deadline of a pull of `num_blocks` blocks (see the module docstring)."""
+        if self.seconds_per_block is None:
+            return self.timeout_s
+        expected = DEADLINE_FACTOR * self.seconds_per_block * num_blocks
+        return min(self.timeout_s, max(MIN_DEADLINE_S, expected))
 
     def pull(self, offer: PullOffer, block_ids: Sequence[int]) -> int:
+        address = offer.source_address
+        if self.clock() < self._avoid_until.get(address, 0.0):
+            self.stats.record(len(block_ids), 0, self.kv.bytes_per_block, 0.0)
+            return 0
         started = time.perf_counter()
         request = pb.ReadBlocksRequest(
             granted_by=offer.granted_by, block_ids=offer.source_block_ids, layout=self.layout
         )
         received: list[bytes] = []
         try:
-            for message in self._stub(offer.source_address).ReadBlocks(
-                request, timeout=self.timeout_s
+            for message in self._stub(address).ReadBlocks(
+                request, timeout=self.deadline_s(len(block_ids))
             ):
                 if (
                     message.index != len(received)
@@ -74,10 +104,19 @@ class GrpcBlockPuller:
                 code=exc.code().name,
                 num_received=len(received),
             )
+            if exc.code() in UNRESPONSIVE:
+                self._avoid_until[address] = self.clock() + self.cooldown_s
         if received:
             self.kv.write_blocks(block_ids[: len(received)], rows_from_bytes(self.kv, received))
         seconds = time.perf_counter() - started
         self.stats.record(len(block_ids), len(received), self.kv.bytes_per_block, seconds)
+        if received and len(received) == len(block_ids):
+            per_block = seconds / len(received)
+            self.seconds_per_block = (
+                per_block
+                if self.seconds_per_block is None
+                else (1 - AVERAGE_WEIGHT) * self.seconds_per_block + AVERAGE_WEIGHT * per_block
+            )
         return len(received)
 
     def close(self) -> None:

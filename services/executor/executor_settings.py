@@ -72,7 +72,17 @@ class ExecutorSettings(BaseSettings):
         "offers instead of computing them",
     )
     pull_timeout_s: float = Field(
-        default=5.0, gt=0, description="deadline of one pull from a peer; the rest is computed"
+        default=5.0,
+        gt=0,
+        description="longest deadline of one pull from a peer (a measured pull gets ten times "
+        "what its blocks took lately, at least 0.5 s); past it, the rest is computed. A "
+        "router's --executor-stall-s must exceed it: a pull holds the executor's step",
+    )
+    pull_source_cooldown_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="after a pull from a peer timed out or found it unreachable, compute "
+        "instead of pulling from that peer for this long",
     )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0", description="Redis for liveness records ('' disables)"

@@ -108,8 +108,11 @@ def test_a_paused_executor_is_given_up_and_its_streams_continue_elsewhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGSTOP mid-stream: the router's stall watch gives up on the executor (its bound cut to
-    1.5 s here) and every stream on it continues on the other, token for token."""
+    1.5 s here) and every stream on it continues on the other, token for token. The other
+    executor's pulls from the frozen one give up within 1 s (the stall bound must exceed the
+    pull deadline: a pull holds a step), after which it computes."""
     monkeypatch.setenv("QUIRE_EXECUTOR_STALL_S", "1.5")
+    monkeypatch.setenv("QUIRE_PULL_TIMEOUT_S", "1.0")
     plan = dataclasses.replace(PLAN, concurrency=4, fault_rounds=1)
     result = asyncio.run(
         with_stack(

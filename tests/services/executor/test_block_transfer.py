@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from concurrent import futures
 
@@ -15,7 +16,7 @@ from quire.block.allocator import PullOffer
 from quire.cache.block_transfer import block_bytes, checksum, layout
 from quire.cache.paged_kv import PagedKVCache
 from quire.model.model_config import ModelConfig
-from services.executor.block_puller import GrpcBlockPuller
+from services.executor.block_puller import MIN_DEADLINE_S, GrpcBlockPuller
 from services.executor.block_reads import ReadRefused, read_blocks
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
@@ -44,12 +45,21 @@ def empty_like(kv: PagedKVCache) -> PagedKVCache:
 class FakePeer(executor_pb2_grpc.ExecutorServicer):
     """Streams the requested blocks of `kv`, spoiled as `spoil(index, message)` says."""
 
-    def __init__(self, kv: PagedKVCache, spoil: object = None, fail_after: int | None = None):
-        self.kv, self.spoil, self.fail_after = kv, spoil, fail_after
+    def __init__(
+        self,
+        kv: PagedKVCache,
+        spoil: object = None,
+        fail_after: int | None = None,
+        hang_s: float = 0.0,
+    ):
+        self.kv, self.spoil, self.fail_after, self.hang_s = kv, spoil, fail_after, hang_s
+        self.calls = 0
 
     def ReadBlocks(  # noqa: N802
         self, request: pb.ReadBlocksRequest, context: grpc.ServicerContext
     ) -> Iterator[pb.BlockData]:
+        self.calls += 1
+        time.sleep(self.hang_s)  # a frozen peer: the call is accepted, nothing comes
         rows = block_bytes(self.kv.read_blocks(list(request.block_ids)))
         for index, data in enumerate(rows):
             if self.fail_after is not None and index == self.fail_after:
@@ -128,6 +138,55 @@ def test_an_unreachable_peer_means_nothing_pulled(source: PagedKVCache) -> None:
     assert puller.pull(offer(f"127.0.0.1:{free_port()}", (1, 2)), [0, 1]) == 0
     assert puller.stats.num_fallbacks == 1
     puller.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_unresponsive_source_is_left_alone_for_the_cooldown(source: PagedKVCache) -> None:
+    peer = FakePeer(source, fail_after=0)  # every call ends UNAVAILABLE
+    server, address = serve(peer)
+    clock = Clock()
+    puller = GrpcBlockPuller(empty_like(source), timeout_s=5.0, cooldown_s=10.0, clock=clock)
+    try:
+        assert puller.pull(offer(address, (1, 2)), [0, 1]) == 0
+        assert peer.calls == 1
+        clock.now = 9.9  # within the cooldown: computed without asking the peer
+        assert puller.pull(offer(address, (1, 2)), [0, 1]) == 0
+        assert peer.calls == 1
+        assert puller.stats.num_fallbacks == 2
+        clock.now = 10.1  # past it: asked again
+        assert puller.pull(offer(address, (1, 2)), [0, 1]) == 0
+        assert peer.calls == 2
+    finally:
+        puller.close()
+        server.stop(None)
+
+
+def test_a_frozen_source_costs_a_deadline_scaled_to_measured_pulls(source: PagedKVCache) -> None:
+    healthy_server, healthy = serve(FakePeer(source))
+    frozen_peer = FakePeer(source, hang_s=3.0)
+    frozen_server, frozen = serve(frozen_peer)
+    puller = GrpcBlockPuller(empty_like(source), timeout_s=5.0)
+    try:
+        assert puller.deadline_s(2) == 5.0  # nothing measured yet
+        assert puller.pull(offer(healthy, (1, 2)), [0, 1]) == 2
+        assert puller.seconds_per_block is not None
+        assert MIN_DEADLINE_S <= puller.deadline_s(2) < 5.0
+        started = time.monotonic()
+        assert puller.pull(offer(frozen, (1, 2)), [2, 3]) == 0
+        # It gave up at the measured deadline, not the 5 s one, nor when the peer woke.
+        assert time.monotonic() - started < 2.5
+        assert frozen_peer.calls == 1
+    finally:
+        puller.close()
+        healthy_server.stop(None)
+        frozen_server.stop(None)
 
 
 def test_reads_are_refused_without_a_pin_of_the_current_manager(source: PagedKVCache) -> None:
