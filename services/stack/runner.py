@@ -67,14 +67,25 @@ class Stack:
         return self.run_dir / "logs" / f"{name}.log"
 
     def start(self, timeout_s: float = 120.0, progress: bool = False) -> None:
-        """Start every process in order, each ready before the next starts."""
+        """Start every process once the ones it depends on are ready (the executors together),
+        then wait until each is ready."""
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        ready: set[str] = set()
+
+        def wait(name: str) -> None:
+            if name not in ready:
+                self.wait_ready(name, timeout_s)
+                ready.add(name)
+
         try:
             for spec in self.specs.values():
+                for dependency in spec.depends_on:
+                    wait(dependency)
                 if progress:
                     print(f"starting {spec.name} ...", flush=True)
                 self.start_one(spec.name)
-                self.wait_ready(spec.name, timeout_s)
+            for name in self.specs:
+                wait(name)
         except BaseException:
             self.stop()
             raise
@@ -129,10 +140,26 @@ class Stack:
                 proc.wait()
         return proc.returncode
 
-    def stop(self) -> None:
-        """Stop everything, the router first and Redis last."""
-        for name in reversed(list(self.procs)):
-            self.stop_one(name)
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop everything, each process once nothing still running depends on it (the router
+        first, the executors together, Redis last): SIGTERM, then SIGKILL after `timeout_s`."""
+        left = [name for name in reversed(list(self.specs)) if name in self.procs]
+        left += [name for name in self.procs if name not in left]  # started outside the specs
+        while left:
+            needed = {d for name in left if name in self.specs for d in self.specs[name].depends_on}
+            wave = [name for name in left if name not in needed] or left
+            for name in wave:
+                with contextlib.suppress(ProcessLookupError):  # it has just exited
+                    self.signal(name, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            for name in wave:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.procs[name].wait(max(0.0, deadline - time.monotonic()))
+                if self.procs[name].poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        self.signal(name, signal.SIGKILL)
+                    self.procs[name].wait()
+            left = [name for name in left if name not in wave]
         self.pid_file.unlink(missing_ok=True)
 
     def _write_pids(self) -> None:
