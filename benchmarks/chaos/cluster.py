@@ -41,6 +41,19 @@ async def wait_healthy(admin_url: str, n: int, timeout_s: float = 60.0) -> list[
     raise RuntimeError(f"only {len(healthy)} healthy executors after {timeout_s} s")
 
 
+async def until_serving(admin_url: str, executor_id: str, timeout_s: float = 10.0) -> bool:
+    """Wait (a bounded time) until the router sees `executor_id` running sequences, so that a
+    fault lands on streams rather than between them; whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            for e in await cluster_status(admin_url):
+                if e["id"] == executor_id and e["num_running"] > 0:
+                    return True
+        await asyncio.sleep(0.02)
+    return False
+
+
 async def blocks_leaked(admin_url: str, timeout_s: float = 20.0) -> int:
     """kv_blocks_used summed over live executors once idle (or at the timeout)."""
     deadline = time.monotonic() + timeout_s

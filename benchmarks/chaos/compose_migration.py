@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks.chaos.cluster import blocks_leaked, wait_healthy
+from benchmarks.chaos.cluster import blocks_leaked, until_serving, wait_healthy
 from benchmarks.chaos.containers import EXECUTORS, container, run
 from benchmarks.chaos.migration import count_migrations, report, strike_under_load
 from benchmarks.chaos.stack import Plan
@@ -46,6 +46,7 @@ def router_migrations(since: str) -> dict[str, int]:
 def kill(admin_url: str) -> Callable[[], Awaitable[None]]:
     async def strike() -> None:
         cid = container(VICTIM)
+        await until_serving(admin_url, VICTIM)
         await asyncio.to_thread(run, "docker", "kill", cid)
         await asyncio.sleep(1.0)
         await asyncio.to_thread(run, "docker", "start", cid)
@@ -57,6 +58,7 @@ def kill(admin_url: str) -> Callable[[], Awaitable[None]]:
 def pause(admin_url: str) -> Callable[[], Awaitable[None]]:
     async def strike() -> None:
         cid = container(VICTIM)
+        await until_serving(admin_url, VICTIM)
         await asyncio.to_thread(run, "docker", "pause", cid)
         try:
             await asyncio.sleep(STALL_S + 2.0)

@@ -19,6 +19,7 @@ errors, hung, lost, duplicated and missing tokens, mismatched text.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -32,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.chaos.cluster import blocks_leaked, executor_record, wait_healthy
+from benchmarks.chaos.cluster import blocks_leaked, wait_healthy
 from benchmarks.chaos.load import Load, Outcome, classify_stream
 from benchmarks.chaos.stack import Plan, start_process
 from benchmarks.common.sse_client import stream
@@ -314,19 +316,28 @@ async def run_fault(
     return result
 
 
-async def until_serving(stack: Stack, timeout_s: float = 10.0) -> None:
-    """Wait (a bounded time) until the victim's liveness record shows sequences running, so
-    that the fault lands on streams rather than between them."""
+async def until_streaming(stack: Stack, timeout_s: float = 10.0) -> bool:
+    """Wait (a bounded time) until the victim runs sequences by its own gauge, read from its
+    /metrics (refreshed every 0.1 s while it works: fresher than its liveness record), so the
+    fault lands on streams rather than between them; whether it did."""
+    c = stack.config
+    url = f"http://{c.host}:{c.executor_base_metrics_port + int(VICTIM.split('-')[1])}/metrics"
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = await asyncio.to_thread(executor_record, stack, VICTIM)
-        if record is not None and record.load.num_running > 0:
-            return
-        await asyncio.sleep(0.02)
+    async with httpx.AsyncClient(timeout=2) as client:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                text = (await client.get(url)).text
+                for family in text_string_to_metric_families(text):
+                    if family.name.endswith("num_requests_running") and any(
+                        s.value > 0 for s in family.samples
+                    ):
+                        return True
+            await asyncio.sleep(0.01)
+    return False
 
 
 async def kill(stack: Stack) -> None:
-    await until_serving(stack)
+    await until_streaming(stack)
     stack.signal(VICTIM, signal.SIGKILL)
     await asyncio.sleep(1.0)
     await start_process(stack, VICTIM, 90.0)
@@ -336,7 +347,7 @@ async def pause(stack: Stack) -> None:
     """SIGSTOP until the router has given up on the victim's streams (its stall bound and a
     second), then SIGCONT."""
     stall_s = float(os.environ.get("QUIRE_EXECUTOR_STALL_S", "10"))
-    await until_serving(stack)
+    await until_streaming(stack)
     stack.signal(VICTIM, signal.SIGSTOP)
     try:
         await asyncio.sleep(stall_s + 2.0)
@@ -345,7 +356,7 @@ async def pause(stack: Stack) -> None:
 
 
 async def drain(stack: Stack) -> None:
-    await until_serving(stack)
+    await until_streaming(stack)
     stack.signal(VICTIM, signal.SIGTERM)
     code = await asyncio.to_thread(stack.procs[VICTIM].wait, 60)
     if code != 0:

@@ -87,12 +87,21 @@ async def with_stack(
     stack = Stack(config, run_dir, cwd=REPO)
     await asyncio.to_thread(stack.start, 120.0)
     try:
-        await wait_healthy(config.router_admin_url, config.num_executors)
+        return await on_stack(stack, body)
+    finally:
+        await asyncio.to_thread(stack.stop)
+
+
+async def on_stack(
+    stack: Stack, body: Callable[[Stack], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """Run `body` on a started stack once its executors are healthy; no load outlives it."""
+    try:
+        await wait_healthy(stack.config.router_admin_url, stack.config.num_executors)
         return await body(stack)
     finally:
         for load in list(ACTIVE):
             load.cancel()
-        await asyncio.to_thread(stack.stop)
 
 
 async def steady_load(stack: Stack, plan: Plan, seed: int, urls: list[str] | None = None) -> Load:

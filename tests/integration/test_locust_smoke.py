@@ -37,7 +37,7 @@ def test_locust_run_has_requests_and_no_failures(stack: Stack, tmp_path: Path) -
         "-r",
         "4",
         "-t",
-        "20s",
+        "8s",
         "--stop-timeout",
         "10",
         "--host",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from benchmarks.chaos import migration
 from benchmarks.chaos.faults import FAULTS
 from benchmarks.chaos.migration import MIGRATION_FAULTS
 from benchmarks.chaos.pressure import overload, soak
-from benchmarks.chaos.stack import Plan, make_config, with_stack
+from benchmarks.chaos.stack import REPO, Plan, make_config, on_stack, with_stack
+from services.stack.runner import Stack
 
 # Small counts: the whole module stays within ~90 s on two cores.
 PLAN = Plan(
@@ -42,23 +44,38 @@ def run_fault(name: str, tmp_path: Path) -> dict[str, Any]:
     return asyncio.run(with_stack(make_config(), tmp_path, lambda s: FAULTS[name](s, PLAN)))
 
 
-def test_kill_executor_reroutes_and_restart_serves_again(tmp_path: Path) -> None:
-    result = run_fault("kill_executor", tmp_path)
+@pytest.fixture(scope="module")
+def whole_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack for the faults that leave it whole (each starts again what it killed)."""
+    stack = Stack(make_config(), tmp_path_factory.mktemp("chaos"), cwd=REPO)
+    stack.start(120.0)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def run_on_whole_stack(name: str, stack: Stack) -> dict[str, Any]:
+    return asyncio.run(on_stack(stack, lambda s: FAULTS[name](s, PLAN)))
+
+
+def test_kill_executor_reroutes_and_restart_serves_again(whole_stack: Stack) -> None:
+    result = run_on_whole_stack("kill_executor", whole_stack)
     assert_clean(result)
     assert result["routed_to_dead_after_2s"] == 0
     assert result["new_epoch"]
     assert result["served_after_restart"] > 0
 
 
-def test_kill_memory_manager_executors_reregister(tmp_path: Path) -> None:
-    result = run_fault("kill_memory_manager", tmp_path)
+def test_kill_memory_manager_executors_reregister(whole_stack: Stack) -> None:
+    result = run_on_whole_stack("kill_memory_manager", whole_stack)
     assert_clean(result)
     assert result["reregistered"] == ["executor-0", "executor-1"]
     assert result["completed_after_restart"] > 0
 
 
-def test_restart_redis_fails_nothing_and_republishes(tmp_path: Path) -> None:
-    result = run_fault("restart_redis", tmp_path)
+def test_restart_redis_fails_nothing_and_republishes(whole_stack: Stack) -> None:
+    result = run_on_whole_stack("restart_redis", whole_stack)
     assert_clean(result)
     assert result["failed_clean"] == 0
     assert result["prefix_sets_republished"] == ["executor-0", "executor-1"]
