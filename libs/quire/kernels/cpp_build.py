@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -247,14 +248,19 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     marches = all_levels() if args.all_levels else (native_march(),)
-    for march in marches:
-        try:
-            build(march, force=args.force)
-        except subprocess.CalledProcessError as error:
+    # One compiler process per level, side by side (each is single-threaded).
+    workers = max(1, min(len(marches), os.cpu_count() or 1))
+    with ThreadPoolExecutor(workers) as pool:
+        futures = {march: pool.submit(build, march, args.force) for march in marches}
+    for march, future in futures.items():
+        error = future.exception()
+        if isinstance(error, subprocess.CalledProcessError):
             sys.exit(
                 f"building the C++ CPU kernels for -march={march or '(default)'} failed "
                 f"(exit {error.returncode})"
             )
+        if error is not None:
+            raise error
 
 
 if __name__ == "__main__":
