@@ -86,11 +86,9 @@ def load_model_config(model: str | Path) -> ModelConfig:
 
     path = resolve_model_path(model)
     if is_gguf(path):
-        from gguf import GGUFReader
+        from quire.model.gguf_checkpoint import model_config, read_gguf
 
-        from quire.model.gguf_checkpoint import model_config
-
-        return model_config(GGUFReader(path))
+        return model_config(read_gguf(path))
     return ModelConfig.from_pretrained(path)
 
 

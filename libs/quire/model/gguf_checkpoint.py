@@ -26,6 +26,7 @@ Nothing here imports torch at module level, so `gguf_problem` checks a path befo
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -176,16 +177,29 @@ def expected_names(config: dict[str, Any]) -> set[str]:
     return names
 
 
+def read_gguf(path: Path) -> Any:
+    """A GGUFReader of `path`. Parsing the metadata (a tokenizer's vocabulary and merges are
+    hundreds of thousands of fields) takes seconds, and a load checks, configures and reads
+    the same file: the last file read is kept, until it changes on disk."""
+    stat = Path(path).stat()
+    return _read_gguf(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_gguf(path: str, mtime_ns: int, size: int) -> Any:
+    from gguf import GGUFReader
+
+    return GGUFReader(path)
+
+
 def gguf_problem(path: Path) -> str | None:
     """What keeps the GGUF file `path` from loading, or None: completes "model path X ..."."""
     if not path.is_file():
         return "is not a file (a .gguf model path names a GGUF file)"
-    from gguf import GGUFReader
-
     from quire.kernels.reference_quantized import FORMATS_BY_TYPE
 
     try:
-        reader = GGUFReader(path)
+        reader = read_gguf(path)
         build_config(reader)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"is not a GGUF file Quire can load: {exc}"
@@ -217,13 +231,12 @@ def load_gguf(
     """Config and weights of a GGUF file: blocks kept as they are (QuantizedTensor), float
     tensors cast to `dtype`, all on `device`."""
     import torch
-    from gguf import GGUFReader
     from gguf.quants import dequantize
 
     from quire.kernels.reference_quantized import FORMATS_BY_TYPE
     from quire.model.quantized_linear import QuantizedTensor
 
-    reader = GGUFReader(path)
+    reader = read_gguf(path)
     hf_config = build_config(reader)
     config = model_config(reader)
     heads = {"q_proj": config.num_heads, "k_proj": config.num_kv_heads}
