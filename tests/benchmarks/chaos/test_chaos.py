@@ -130,6 +130,7 @@ def test_a_paused_executor_is_given_up_and_its_streams_continue_elsewhere(
     pull deadline: a pull holds a step), after which it computes."""
     monkeypatch.setenv("QUIRE_EXECUTOR_STALL_S", "1.5")
     monkeypatch.setenv("QUIRE_PULL_TIMEOUT_S", "1.0")
+    monkeypatch.setenv("QUIRE_EXECUTOR_DOWN_S", "1.0")  # routable again soon after SIGCONT
     plan = dataclasses.replace(PLAN, concurrency=4, fault_rounds=1)
     result = asyncio.run(
         with_stack(

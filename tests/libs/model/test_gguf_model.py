@@ -24,6 +24,7 @@ from tests.tools.test_gguf_convert import write_tiny_gguf
 PROMPTS = ["Hello world, the quick brown fox", "In the beginning", "1 2 3 4"]
 MAX_TOKENS = 16
 SMOLLM2_GGUF = REPO / "models" / "smollm2-135m-instruct.Q4_1.gguf"
+SMOLLM2_FLOAT = REPO / "models" / "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +43,14 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def reference(
     path: Path, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = True
 ) -> Reference:
-    """transformers' greedy tokens on the GGUF (dequantized to float32) and top-2 gaps;
-    without `ignore_eos`, up to and with the file's eos."""
-    model = AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    """transformers' greedy tokens and top-2 gaps on a GGUF (its loader dequantizes to
+    float32) or a float32 checkpoint folder; without `ignore_eos`, up to and with the eos."""
+    if path.is_dir():
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32
+        ).eval()
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt_ids]),
@@ -113,7 +117,10 @@ def test_packaged_smollm2_q4_1_serves_as_it_is(smollm2_gguf: Path) -> None:
     params = SamplingParams(max_tokens=32, temperature=0.0)
     got = list(llm.generate([{"prompt_token_ids": ids}], params)[0].outputs[0].token_ids)
     assert "Paris" in tokenizer.decode(got)
-    expected = reference(smollm2_gguf, ids, 32, ignore_eos=False)
+    # The reference: transformers on the default float32 checkpoint, which is this file's
+    # tensors dequantized by the gguf package's numpy reference, as transformers' GGUF loader
+    # does (quire_tools.gguf_convert), without dequantizing 135M weights again here.
+    expected = reference(SMOLLM2_FLOAT, ids, 32, ignore_eos=False)
     assert_matches_reference(got, expected, "smollm2 Q4_1")
     # resident weights (quantized blocks, float norms, rotary tables) against the file
     assert resident_bytes(llm.engine.model) <= 1.15 * smollm2_gguf.stat().st_size
