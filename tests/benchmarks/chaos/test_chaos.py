@@ -18,7 +18,7 @@ from benchmarks.chaos import migration
 from benchmarks.chaos.faults import FAULTS
 from benchmarks.chaos.migration import MIGRATION_FAULTS
 from benchmarks.chaos.pressure import overload, soak
-from benchmarks.chaos.stack import REPO, Plan, make_config, on_stack, with_stack
+from benchmarks.chaos.stack import REPO, Plan, make_config, on_stack, start_process, with_stack
 from services.stack.runner import Stack
 
 # Small counts: the whole module stays within ~90 s on two cores.
@@ -81,10 +81,12 @@ def test_restart_redis_fails_nothing_and_republishes(whole_stack: Stack) -> None
     assert result["prefix_sets_republished"] == ["executor-0", "executor-1"]
 
 
-def test_rolling_update_loses_nothing(tmp_path: Path) -> None:
-    result = run_fault("rolling_update", tmp_path)
+def test_rolling_update_loses_nothing(whole_stack: Stack) -> None:
+    result = run_on_whole_stack("rolling_update", whole_stack)
     assert_clean(result)
     assert result["executor_exit"] == 0
+    # whole again for the next fault: the drained executor starts again
+    asyncio.run(start_process(whole_stack, "executor-1", 90.0))
 
 
 def test_a_frozen_pull_source_means_the_follow_up_computes(
