@@ -326,7 +326,9 @@ def routing_failures(results: dict[str, Any]) -> list[str]:
 async def run_all(router: Router, plan: Plan, only: list[str] | None) -> dict[str, Any]:
     """Every fault (`only` picks some), each starting on a whole cluster."""
     results: dict[str, Any] = {"faults": {}}
-    await wait_routable(router, VICTIM)
+    for eid in EXECUTORS:  # up and serving (a stack just recreated may list stale records)
+        await wait_routable(router, eid, timeout_s=300.0)
+        await served_again(router, eid, timeout_s=300.0)
     for name, fault in FAULTS.items():
         if only and name not in only:
             continue

@@ -380,6 +380,13 @@ def failures(result: dict[str, Any]) -> list[str]:
     """What the issue's bar forbids in one fault's figures."""
     keys = ("client_visible_errors", "hung", "lost", "duplicated", "missing", "usage_wrong")
     bad = [f"{k}={result[k]}" for k in keys if result.get(k)]
-    if not result.get("migrated"):
+    if result.get("drains_within_grace"):
+        # Streams finish on the draining executor: what shows the fault hit them is that
+        # every signal came while it ran sequences.
+        if not result.get("struck_mid_stream") or not all(result["struck_mid_stream"]):
+            bad.append(
+                f"struck_mid_stream={result.get('struck_mid_stream')} (a restart hit no stream)"
+            )
+    elif not result.get("migrated"):
         bad.append("migrated=0 (the fault hit no stream)")
     return bad

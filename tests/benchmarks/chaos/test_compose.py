@@ -64,3 +64,31 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         chaos_compose.main(["--only", "kill_router"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def migration_fault(**extra: Any) -> dict[str, Any]:
+    figures = dict.fromkeys(
+        ("client_visible_errors", "hung", "lost", "duplicated", "missing", "usage_wrong"), 0
+    )
+    return {**clean_fault(failed_clean=0), **figures, "migrated": 3, **extra}
+
+
+def test_a_migration_fault_must_migrate_unless_it_drains_within_its_grace() -> None:
+    report = {
+        "faults": {
+            "migrate_kill": migration_fault(),
+            "migrate_pause": migration_fault(migrated=0, duplicated=1),
+            # a restart whose streams all finished within the grace period: none migrates
+            "rolling_restart": migration_fault(
+                migrated=0, drains_within_grace=True, struck_mid_stream=[True, True]
+            ),
+        }
+    }
+    assert failures(report) == [
+        "migrate_pause: duplicated=1",
+        "migrate_pause: migrated=0 (the fault hit no stream)",
+    ]
+    report["faults"]["rolling_restart"]["struck_mid_stream"] = [True, False]
+    assert failures(report)[-1] == (
+        "rolling_restart: struck_mid_stream=[True, False] (a restart hit no stream)"
+    )
