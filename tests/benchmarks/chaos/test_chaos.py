@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,12 +33,17 @@ PLAN = Plan(
 )
 
 
+def shown(result: dict[str, Any]) -> str:
+    """The whole result, for a failed assertion's message (pytest would shorten a dict)."""
+    return json.dumps(result, default=str)
+
+
 def assert_clean(result: dict[str, Any]) -> None:
     assert result["sent"] > 0
-    assert result["hung"] == 0, result
-    assert result["lost"] == 0, result
-    assert result["blocks_leaked"] == 0, result
-    assert result["completed"] > 0, result
+    assert result["hung"] == 0, shown(result)
+    assert result["lost"] == 0, shown(result)
+    assert result["blocks_leaked"] == 0, shown(result)
+    assert result["completed"] > 0, shown(result)
 
 
 def run_fault(name: str, tmp_path: Path) -> dict[str, Any]:
@@ -118,8 +124,8 @@ def test_overload_refuses_with_429_and_loses_nothing(tmp_path: Path) -> None:
     # Arrivals at ten times the rate the bound sustained a moment before: some are refused,
     # and every refusal is a 429. (How many depends on how busy the machine is between the
     # two phases, so the share is `make chaos`'s figure, not a check.)
-    assert result["rejected_429"] > 0, result
-    assert result["failed_clean"] == result["rejected_429"], result
+    assert result["rejected_429"] > 0, shown(result)
+    assert result["failed_clean"] == result["rejected_429"], shown(result)
     assert result["admission_bound"] == 4
 
 
@@ -141,5 +147,5 @@ def test_a_paused_executor_is_given_up_and_its_streams_continue_elsewhere(
             lambda s: migration.run_fault(s, plan, MIGRATION_FAULTS["migrate_pause"], seed=3),
         )
     )
-    assert migration.failures(result) == [], result
-    assert result["mismatched_migrated"] == 0 and result["blocks_leaked"] == 0, result
+    assert migration.failures(result) == [], shown(result)
+    assert result["mismatched_migrated"] == 0 and result["blocks_leaked"] == 0, shown(result)
