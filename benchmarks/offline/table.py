@@ -58,17 +58,17 @@ def print_table(results: dict[str, Any]) -> None:
         )
         lines.append(f"{title:<{width}}" + cells)
     windows = [results["workloads"][n].get("window_freeing") for n in names]
-    for title, key, spec in [
+    window_rows = [
         ("window: running peak, freed / kept", "peak_running", "d"),
         ("window: running mean (every step), freed / kept", "mean_running", ".1f"),
         ("window: steps, freed / kept", "num_steps", "d"),
         ("window: running mean (saturated), freed / kept", "mean_running_saturated", ".1f"),
         ("window: output tok/s, freed / kept", "tok_s", ".1f"),
         ("window: preemptions, freed / kept", "num_preemptions", "d"),
-    ]:
-        if any(windows):
-            cells = "".join(f"{_freed_kept(w, key, spec):>{col}}" for w in windows)
-            lines.append(f"{title:<{width}}" + cells)
+    ]
+    for title, key, spec in window_rows if any(windows) else []:
+        cells = "".join(f"{_freed_kept(w, key, spec):>{col}}" for w in windows)
+        lines.append(f"{title:<{width}}" + cells)
     print("\n".join(lines))
     for label, run in columns:
         for key in ("vllm_error", "hf_static_error", "hf_continuous_error"):

@@ -26,6 +26,7 @@ import structlog
 from quire.block.allocator import PullOffer
 from quire.cache.block_transfer import PullStats, checksum, layout, rows_from_bytes
 from quire.cache.paged_kv import PagedKVCache
+from quire.engine.pull_choice import PullCostModel
 from services.common import tls
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc as pb_grpc
@@ -34,7 +35,6 @@ log = structlog.get_logger("quire.executor.pull")
 
 DEADLINE_FACTOR = 10.0  # a pull's deadline, in multiples of its measured duration
 MIN_DEADLINE_S = 0.5  # the shortest deadline (scheduling delays on a loaded host)
-AVERAGE_WEIGHT = 0.2  # of the newest whole pull in the seconds-per-block average
 # Failures that say the source is unreachable or not answering (not a refused pin).
 UNRESPONSIVE = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 
@@ -59,14 +59,16 @@ class GrpcBlockPuller:
         self.cooldown_s = cooldown_s  # how long an unresponsive source is left alone
         self.clock = clock
         self.stats = PullStats()
-        self.seconds_per_block: float | None = None  # moving average over whole pulls
+        # Seconds per pulled block, a moving average over whole pulls (its "tokens" are blocks).
+        self.measured = PullCostModel()
         self._avoid_until: dict[str, float] = {}  # source address -> when to try it again
 
     def deadline_s(self, num_blocks: int) -> float:
         """The deadline of a pull of `num_blocks` blocks (see the module docstring)."""
-        if self.seconds_per_block is None:
+        per_block = self.measured.seconds_per_pulled_token
+        if per_block is None:
             return self.timeout_s
-        expected = DEADLINE_FACTOR * self.seconds_per_block * num_blocks
+        expected = DEADLINE_FACTOR * per_block * num_blocks
         return min(self.timeout_s, max(MIN_DEADLINE_S, expected))
 
     def pull(self, offer: PullOffer, block_ids: Sequence[int]) -> int:
@@ -111,12 +113,7 @@ class GrpcBlockPuller:
         seconds = time.perf_counter() - started
         self.stats.record(len(block_ids), len(received), self.kv.bytes_per_block, seconds)
         if received and len(received) == len(block_ids):
-            per_block = seconds / len(received)
-            self.seconds_per_block = (
-                per_block
-                if self.seconds_per_block is None
-                else (1 - AVERAGE_WEIGHT) * self.seconds_per_block + AVERAGE_WEIGHT * per_block
-            )
+            self.measured.observe_pull(len(received), seconds)
         return len(received)
 
     def close(self) -> None:

@@ -144,9 +144,8 @@ class Stack:
         """Stop everything, each process once nothing still running depends on it (the router
         first, the executors together, Redis last): SIGTERM, then SIGKILL after `timeout_s`."""
         left = [name for name in reversed(list(self.specs)) if name in self.procs]
-        left += [name for name in self.procs if name not in left]  # started outside the specs
         while left:
-            needed = {d for name in left if name in self.specs for d in self.specs[name].depends_on}
+            needed = {d for name in left for d in self.specs[name].depends_on}
             wave = [name for name in left if name not in needed] or left
             for name in wave:
                 with contextlib.suppress(ProcessLookupError):  # it has just exited

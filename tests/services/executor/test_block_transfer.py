@@ -176,7 +176,7 @@ def test_a_frozen_source_costs_a_deadline_scaled_to_measured_pulls(source: Paged
     try:
         assert puller.deadline_s(2) == 5.0  # nothing measured yet
         assert puller.pull(offer(healthy, (1, 2)), [0, 1]) == 2
-        assert puller.seconds_per_block is not None
+        assert puller.measured.seconds_per_pulled_token is not None
         assert MIN_DEADLINE_S <= puller.deadline_s(2) < 5.0
         started = time.monotonic()
         assert puller.pull(offer(frozen, (1, 2)), [2, 3]) == 0
