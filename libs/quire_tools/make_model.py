@@ -346,6 +346,71 @@ PRESETS: dict[str, dict[str, Any]] = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
     },
+    # gpt-oss: biased q/k/v/o, a sink logit per head, sliding (window 16) and global layers
+    # alternating, YaRN rotary (not truncated), 4 experts top-2 with biases and a clamped
+    # SwiGLU whose limit (1.0, not the released 7.0) the random activations reach.
+    "tiny-gpt-oss": {
+        **_COMMON,
+        **_TINY_SHAPE,
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "head_dim": 64,
+        "intermediate_size": 96,  # each expert's
+        "attention_bias": True,
+        "sliding_window": 16,
+        "layer_types": [
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "full_attention",
+        ],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 1.0,
+        "router_aux_loss_coef": 0.0,
+        "output_router_logits": False,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 8.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": False,
+            "original_max_position_embeddings": 256,
+        },
+    },
+    # gpt-oss, other shapes: head_dim 128 with one kv head (MQA), 8 experts top-1, window 24,
+    # two global layers after a sliding one, the released clamp (7.0), truncated YaRN.
+    "tiny-gpt-oss-mqa": {
+        **_COMMON,
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "hidden_size": 128,
+        "intermediate_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "attention_bias": True,
+        "sliding_window": 24,
+        "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+        "num_local_experts": 8,
+        "num_experts_per_tok": 1,
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+        "router_aux_loss_coef": 0.0,
+        "output_router_logits": False,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 150000.0,
+            "factor": 32.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "truncate": True,
+            "original_max_position_embeddings": 64,
+        },
+    },
 }
 
 
@@ -388,7 +453,9 @@ def build_config(preset: str, overrides: dict[str, Any] | None = None) -> dict[s
         "use_cache": True,
         "initializer_range": 0.02,
     }
-    if config.get("attention_bias") or config.get("mlp_bias"):
+    if (config.get("attention_bias") and config["model_type"] != "gpt_oss") or config.get(
+        "mlp_bias"
+    ):
         raise ValueError("attention_bias/mlp_bias are not generated for llama-style presets")
     hidden, num_heads = config["hidden_size"], config["num_attention_heads"]
     if hidden % num_heads or num_heads % config["num_key_value_heads"]:
@@ -413,6 +480,7 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
     head_dim = config.get("head_dim") or hidden // num_heads
     tied = config["tie_word_embeddings"]
     qkv_bias = config["model_type"] == "qwen2"
+    attention_bias = config["model_type"] == "gpt_oss"  # q/k/v/o biases and a sink per head
     qk_norm = config["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text")
     # Gemma's norms scale by 1 + weight: its stored weights are the others' minus 1
     norm_offset = 1.0 if config["model_type"] in ("gemma2", "gemma3_text") else 0.0
@@ -433,7 +501,12 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
 
     def linear(name: str, out_features: int, in_features: int, std: float) -> list[TensorSpec]:
         specs = [TensorSpec(f"{name}.weight", (out_features, in_features), 0.0, std)]
-        if qkv_bias and name.endswith(("q_proj", "k_proj", "v_proj")):
+        biased = (
+            ("q_proj", "k_proj", "v_proj", "o_proj")
+            if attention_bias
+            else ("q_proj", "k_proj", "v_proj")
+        )
+        if (qkv_bias or attention_bias) and name.endswith(biased):
             specs.append(TensorSpec(f"{name}.bias", (out_features,), 0.0, scales.bias_std))
         return specs
 
@@ -448,6 +521,8 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
             specs += linear(f"{attn}.k_proj", kv_size, hidden, qk_std)
             specs += linear(f"{attn}.v_proj", kv_size, hidden, proj_std)
             specs += linear(f"{attn}.o_proj", hidden, q_size, q_size**-0.5)
+        if attention_bias:  # sinks around the scores' own scale (qk_gain**2)
+            specs.append(TensorSpec(f"{attn}.sinks", (num_heads,), 0.0, scales.qk_gain))
         if qk_norm:  # per-head norms set the attention scale that qk_gain sets elsewhere
             specs.append(norm(f"{attn}.q_norm.weight", scales.qk_gain, head_dim))
             specs.append(norm(f"{attn}.k_norm.weight", scales.qk_gain, head_dim))
@@ -455,6 +530,9 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
         if norm_offset:  # Gemma norms the MLP's input and its output too
             specs.append(norm(f"model.layers.{i}.pre_feedforward_layernorm.weight"))
             specs.append(norm(f"model.layers.{i}.post_feedforward_layernorm.weight"))
+        if config["model_type"] == "gpt_oss":
+            specs += _gpt_oss_expert_specs(config, i, proj_std, scales.bias_std)
+            continue
         if i in sparse_layers(config):
             specs += _expert_specs(config, i, proj_std)
             continue
@@ -470,7 +548,7 @@ def parameter_specs(config: dict[str, Any], scales: InitScales) -> list[TensorSp
 def sparse_layers(config: dict[str, Any]) -> set[int]:
     """The layers whose MLP is a sparse mixture of experts (as transformers builds them)."""
     num_layers = config["num_hidden_layers"]
-    if config["model_type"] == "mixtral":
+    if config["model_type"] in ("mixtral", "gpt_oss"):
         return set(range(num_layers))
     if config["model_type"] == "qwen3_moe":
         dense, step = set(config["mlp_only_layers"]), config["decoder_sparse_step"]
@@ -539,6 +617,29 @@ def _expert_specs(config: dict[str, Any], layer: int, proj_std: float) -> list[T
         specs.append(TensorSpec(f"{shared}.up_proj.weight", (width, hidden), 0.0, proj_std))
         specs.append(TensorSpec(f"{shared}.down_proj.weight", (hidden, width), 0.0, width**-0.5))
     return specs
+
+
+def _gpt_oss_expert_specs(
+    config: dict[str, Any], layer: int, proj_std: float, bias_std: float
+) -> list[TensorSpec]:
+    """gpt-oss's MoE block: a biased router and the experts stacked per layer in x @ W layout
+    (gate and up columns interleaved), each projection with a bias."""
+    prefix = f"model.layers.{layer}.mlp"
+    hidden, inter, num_experts = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_local_experts"],
+    )
+    return [
+        TensorSpec(f"{prefix}.router.weight", (num_experts, hidden), 0.0, proj_std),
+        TensorSpec(f"{prefix}.router.bias", (num_experts,), 0.0, bias_std),
+        TensorSpec(
+            f"{prefix}.experts.gate_up_proj", (num_experts, hidden, 2 * inter), 0.0, proj_std
+        ),
+        TensorSpec(f"{prefix}.experts.gate_up_proj_bias", (num_experts, 2 * inter), 0.0, bias_std),
+        TensorSpec(f"{prefix}.experts.down_proj", (num_experts, inter, hidden), 0.0, inter**-0.5),
+        TensorSpec(f"{prefix}.experts.down_proj_bias", (num_experts, hidden), 0.0, bias_std),
+    ]
 
 
 def _tensor_seed(seed: int, preset: str, name: str) -> int:

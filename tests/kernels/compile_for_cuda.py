@@ -22,9 +22,10 @@ from quire.kernels import triton_attention, triton_cache, triton_experts
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-# The kernels' index arguments and their element types; every other *_ptr points at the
-# dtype's data.
+# The kernels' index arguments (and attention sinks, float32 in any dtype) and their element
+# types; every other *_ptr points at the dtype's data.
 INDEX_POINTERS = {
+    "sinks_ptr": "*fp32",
     "block_tables_ptr": "*i32",
     "context_lens_ptr": "*i32",
     "cu_query_lens_ptr": "*i32",

@@ -30,6 +30,7 @@ class PagedBatch:
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A backend's decode attention over this batch, one query token per sequence."""
         # query: [num_seqs, num_heads, head_dim]
@@ -42,6 +43,7 @@ class PagedBatch:
             scale,
             sliding_window,
             logits_soft_cap,
+            sinks,
         )
 
     def prefill(
@@ -52,6 +54,7 @@ class PagedBatch:
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """A backend's prefill attention over this batch, query_lens[s] chunk tokens of
         sequence s back to back in `query` (the last ones of its context)."""
@@ -66,6 +69,7 @@ class PagedBatch:
             scale,
             sliding_window,
             logits_soft_cap,
+            sinks,
         )
 
 
@@ -163,12 +167,14 @@ def dense_causal_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Textbook attention in float64 for one sequence's chunk over contiguous keys/values.
 
     Query row i sits at position context_len - query_len + i and sees the keys up to its own
     position (its last sliding_window ones with a window); scaled scores s become
-    cap * tanh(s / cap) with a soft cap. Returns float64.
+    cap * tanh(s / cap) with a soft cap; head h's sink is one more softmax column, without a
+    value. Returns float64.
     """
     # query: [query_len, num_heads, head_dim]; keys, values: [context_len, num_kv_heads, head_dim]
     query_len, num_heads, _ = query.shape
@@ -185,7 +191,12 @@ def dense_causal_attention(
     if sliding_window is not None:
         is_hidden |= key_positions[None, :] <= query_positions[:, None] - sliding_window
     scores[:, is_hidden] = float("-inf")
-    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
+    if sinks is not None:  # [heads, query_len, context_len + 1], the sink's column last
+        sink_column = sinks.double().view(num_heads, 1, 1).expand(num_heads, query_len, 1)
+        probs = torch.cat([scores, sink_column], dim=-1).softmax(dim=-1)[..., :-1]
+    else:
+        probs = scores.softmax(dim=-1)
+    return torch.einsum("hqk,khd->qhd", probs, values)
 
 
 def dense_batch_attention(
@@ -195,6 +206,7 @@ def dense_batch_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dense_causal_attention for every sequence of a batch, rows concatenated (float64)."""
     # query: [sum(query_lens), num_heads, head_dim], sequence by sequence
@@ -209,6 +221,7 @@ def dense_batch_attention(
                 scale,
                 sliding_window,
                 logits_soft_cap,
+                sinks,
             )
         )
         start += query_len

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from quire.kernels import grouped_experts, reference_experts
+from quire.kernels.signatures import ClampedSwiGLU
 from quire.model.moe import route
 
 HIDDEN, INTER = 64, 48
@@ -122,3 +123,72 @@ def test_no_tokens_and_misuse() -> None:
         reference_experts.expert_mlp(*args[:4], args[4].double())
     with pytest.raises(ValueError, match="down_t must be"):
         grouped_experts.expert_mlp(args[0], args[1], args[2][:, :5], *args[3:])
+
+
+def biased_inputs(
+    num_tokens: int, num_experts: int, top_k: int, dtype: torch.dtype, device: str
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+    """inputs() plus gpt-oss's per-expert biases on gate/up and down."""
+    args = inputs(num_tokens, num_experts, top_k, True, dtype, device)
+    gen = torch.Generator().manual_seed(num_experts * 7 + top_k)
+    gate_up_bias = torch.randn(num_experts, 2 * INTER, generator=gen) * 0.5
+    down_bias = torch.randn(num_experts, HIDDEN, generator=gen) * 0.5
+    return args, gate_up_bias.to(dtype).to(device), down_bias.to(dtype).to(device)
+
+
+def clamped_loop(
+    x: torch.Tensor,
+    gate_up_t: torch.Tensor,
+    down_t: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    gate_up_bias: torch.Tensor,
+    down_bias: torch.Tensor,
+    clamp: ClampedSwiGLU,
+) -> torch.Tensor:
+    """gpt-oss's expert layer as transformers writes it, token by token (float32)."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    for t in range(x.shape[0]):
+        for j in range(experts.shape[1]):
+            e = int(experts[t, j])
+            gate_up = x[t].float() @ gate_up_t[e].float() + gate_up_bias[e].float()
+            gate, up = gate_up.chunk(2)
+            gate, up = gate.clamp(max=clamp.limit), up.clamp(-clamp.limit, clamp.limit)
+            glu = gate * torch.sigmoid(gate * clamp.alpha)
+            expert_out = ((up + 1) * glu) @ down_t[e].float() + down_bias[e].float()
+            out[t] += weights[t, j] * expert_out
+    return out
+
+
+@pytest.mark.parametrize("clamp", [None, ClampedSwiGLU(alpha=1.702, limit=0.5)])
+@pytest.mark.parametrize(("num_experts", "top_k"), [(4, 2), (8, 1)])
+def test_biases_and_the_clamped_swiglu_on_every_path(
+    num_experts: int, top_k: int, clamp: ClampedSwiGLU | None, device: str
+) -> None:
+    from quire.kernels import triton_experts
+
+    args, gate_up_bias, down_bias = biased_inputs(37, num_experts, top_k, torch.float32, "cpu")
+    want = reference_experts.expert_mlp(*args, gate_up_bias, down_bias, clamp)
+    if clamp is not None:
+        # the loop against gpt-oss's own formula, and the clamp reached by these inputs
+        oracle = clamped_loop(*args, gate_up_bias, down_bias, clamp)
+        torch.testing.assert_close(want, oracle, rtol=1e-5, atol=1e-5)
+        assert (
+            want - reference_experts.expert_mlp(*args, gate_up_bias, down_bias)
+        ).abs().max() > 0.1
+    without_bias = reference_experts.expert_mlp(*args, clamp=clamp)
+    assert (want - without_bias).abs().max() > 0.1
+    # (elementwise ops on rows of other lengths may round in other lanes: close, not equal)
+    grouped = grouped_experts.expert_mlp(*args, gate_up_bias, down_bias, clamp)
+    torch.testing.assert_close(grouped, want, rtol=1e-6, atol=1e-6)
+    on_device = [t.to(device) for t in (*args, gate_up_bias, down_bias)]
+    got = triton_experts.expert_mlp(*on_device, clamp).cpu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_expert_biases_raise() -> None:
+    args, gate_up_bias, down_bias = biased_inputs(3, 4, 2, torch.float32, "cpu")
+    with pytest.raises(ValueError, match="gate_up_bias must be"):
+        reference_experts.expert_mlp(*args, gate_up_bias[:, :5], down_bias)
+    with pytest.raises(ValueError, match="down_bias must be"):
+        grouped_experts.expert_mlp(*args, gate_up_bias, down_bias.bfloat16())

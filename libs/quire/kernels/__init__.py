@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from quire.kernels import backends, reference
+from quire.kernels import backends, reference, signatures
 
 __all__ = [
     "add_rms_norm_",
@@ -78,6 +78,7 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
     plan: reference.DecodePlan | None = None,
 ) -> torch.Tensor:
     """signatures.PagedAttention.paged_decode_attention on the backend for query's device.
@@ -88,8 +89,8 @@ def paged_decode_attention(
     kernels = backends.paged_attention(query.device)
     args = (query, key_cache, value_cache, block_tables, context_lens, scale)
     if kernels is reference:
-        return reference.paged_decode_attention(*args, sliding_window, logits_soft_cap, plan)
-    return kernels.paged_decode_attention(*args, sliding_window, logits_soft_cap)
+        return reference.paged_decode_attention(*args, sliding_window, logits_soft_cap, sinks, plan)
+    return kernels.paged_decode_attention(*args, sliding_window, logits_soft_cap, sinks)
 
 
 def paged_prefill_attention(
@@ -102,6 +103,7 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """signatures.PagedAttention.paged_prefill_attention on the backend for query's device."""
     return backends.paged_attention(query.device).paged_prefill_attention(
@@ -114,6 +116,7 @@ def paged_prefill_attention(
         scale,
         sliding_window,
         logits_soft_cap,
+        sinks,
     )
 
 
@@ -146,6 +149,11 @@ def expert_mlp(
     down_t: torch.Tensor,
     experts: torch.Tensor,
     weights: torch.Tensor,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    clamp: signatures.ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
     """signatures.ExpertMlp.expert_mlp on the backend for x's device."""
-    return backends.expert_mlp(x.device).expert_mlp(x, gate_up_t, down_t, experts, weights)
+    return backends.expert_mlp(x.device).expert_mlp(
+        x, gate_up_t, down_t, experts, weights, gate_up_bias, down_bias, clamp
+    )

@@ -221,6 +221,21 @@ def check_window_and_cap(sliding_window: int | None, logits_soft_cap: float | No
         raise ValueError(f"logits_soft_cap must be None or > 0, got {logits_soft_cap}")
 
 
+def check_sinks(sinks: torch.Tensor | None, query: torch.Tensor) -> None:
+    """Raise ValueError unless `sinks` is None or one float32 logit per query head, on the
+    query's device."""
+    if sinks is None:
+        return
+    num_heads = query.shape[1]
+    if sinks.dtype != torch.float32 or sinks.shape != (num_heads,):
+        raise ValueError(
+            f"sinks must be [{num_heads}] float32 (one per query head), got "
+            f"{tuple(sinks.shape)} {sinks.dtype}"
+        )
+    if sinks.device != query.device:
+        raise ValueError(f"sinks must be on the query's device {query.device}, got {sinks.device}")
+
+
 def check_triton_head_dim(head_dim: int) -> None:
     """Raise ValueError unless the Triton kernels can tile head_dim (tl.arange needs 2**k)."""
     if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):

@@ -147,10 +147,12 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Checks metadata only; caches need a head_dim stride of 1."""
     checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     checks.check_window_and_cap(sliding_window, logits_soft_cap)
+    checks.check_sinks(sinks, query)
     _check_cpu_layout(query, key_cache)
     require_loaded()
     return torch.ops.quire_cpu.paged_decode_attention(
@@ -162,6 +164,7 @@ def paged_decode_attention(
         float(scale),
         sliding_window,
         logits_soft_cap,
+        None if sinks is None else sinks.contiguous(),
     )
 
 
@@ -175,10 +178,12 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Checks metadata only; caches need a head_dim stride of 1."""
     checks.check_prefill(query, key_cache, value_cache, block_tables, cu_query_lens, context_lens)
     checks.check_window_and_cap(sliding_window, logits_soft_cap)
+    checks.check_sinks(sinks, query)
     _check_cpu_layout(query, key_cache)
     require_loaded()
     return torch.ops.quire_cpu.paged_prefill_attention(
@@ -191,6 +196,7 @@ def paged_prefill_attention(
         float(scale),
         sliding_window,
         logits_soft_cap,
+        None if sinks is None else sinks.contiguous(),
     )
 
 

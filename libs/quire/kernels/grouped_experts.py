@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quire.kernels.reference_experts import sorted_rows, weighted_sum
+from quire.kernels.reference_experts import activate, sorted_rows, weighted_sum
+from quire.kernels.signatures import ClampedSwiGLU
 
 
 def expert_mlp(
@@ -19,10 +20,18 @@ def expert_mlp(
     down_t: torch.Tensor,
     experts: torch.Tensor,
     weights: torch.Tensor,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    clamp: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
-    """gate/up, SiLU-and-multiply and down over all experts' sorted rows at once."""
-    groups, rows = sorted_rows(x, gate_up_t, down_t, experts, weights)
+    """gate/up, the activation and down over all experts' sorted rows at once; each row's
+    expert's biases gathered and added."""
+    groups, rows = sorted_rows(x, gate_up_t, down_t, experts, weights, gate_up_bias, down_bias)
     offsets = torch.cumsum(groups.counts, 0).to(torch.int32)  # end of each expert's rows
-    gate, up = F.grouped_mm(rows, gate_up_t, offs=offsets).chunk(2, dim=-1)
-    out = F.grouped_mm(F.silu(gate) * up, down_t, offs=offsets)  # [num_pairs, hidden]
+    gate_up = F.grouped_mm(rows, gate_up_t, offs=offsets)
+    if gate_up_bias is not None:
+        gate_up += gate_up_bias[groups.experts]
+    out = F.grouped_mm(activate(gate_up, clamp), down_t, offs=offsets)  # [num_pairs, hidden]
+    if down_bias is not None:
+        out += down_bias[groups.experts]
     return weighted_sum(out, groups, weights).to(x.dtype)

@@ -143,13 +143,15 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
     plan: DecodePlan | None = None,
 ) -> torch.Tensor:
     """Sequences are padded to the longest of their group (`plan_decode`) and attend in
-    batched SDPA calls (masked matmuls with a soft cap). A `plan` from `plan_decode` for these
-    very block tables, lengths and window spares every layer the same index work."""
+    batched SDPA calls (masked matmuls with a soft cap or sinks). A `plan` from `plan_decode`
+    for these very block tables, lengths and window spares every layer the same index work."""
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     checks.check_window_and_cap(sliding_window, logits_soft_cap)
+    checks.check_sinks(sinks, query)
     if plan is None:
         plan = plan_decode(
             block_tables,
@@ -172,7 +174,9 @@ def paged_decode_attention(
     group_size = shape.query_group_size
 
     def attend(q: torch.Tensor, group: _DecodeGroup) -> torch.Tensor:
-        return _decode_padded(q, key_cache, value_cache, group, scale, group_size, logits_soft_cap)
+        return _decode_padded(
+            q, key_cache, value_cache, group, scale, group_size, logits_soft_cap, sinks
+        )
 
     if len(plan.groups) == 1:
         return attend(query, plan.groups[0])
@@ -253,21 +257,34 @@ def _plan_group(
     )
 
 
-def _soft_capped_attention(
+def _softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last dim of `scores` `[..., keys]`, with each row's sink logit (`sinks`
+    broadcasts to `scores.shape[:-1]`: a row's head's) in its denominator and no value: the
+    sink's own weight is dropped."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink_column = sinks.unsqueeze(-1).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+
+
+def _explicit_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     is_visible: torch.Tensor,
     scale: float,
-    logits_soft_cap: float,
+    logits_soft_cap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """softmax(cap * tanh(q k^T * scale / cap), masked) v, as transformers' eager attention."""
-    # q: [..., rows, head_dim]; keys, values: [..., keys, head_dim]; is_visible broadcasts to
-    # [..., rows, keys]
+    """softmax(cap * tanh(q k^T * scale / cap), masked, with sinks) v, as transformers' eager
+    attention."""
+    # q: [..., heads, rows, head_dim]; keys, values: [..., heads or 1, keys, head_dim];
+    # is_visible broadcasts to [..., heads, rows, keys]; sinks to [..., heads, rows]
     scores = torch.matmul(q, keys.transpose(-1, -2)) * scale
-    scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
+    if logits_soft_cap is not None:
+        scores = torch.tanh(scores / logits_soft_cap) * logits_soft_cap
     scores = scores.masked_fill(~is_visible, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), values)
+    return torch.matmul(_softmax_with_sinks(scores, sinks), values)
 
 
 def _decode_padded(
@@ -278,6 +295,7 @@ def _decode_padded(
     scale: float,
     query_group_size: int,
     logits_soft_cap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """Decode attention of one planned group, every sequence padded to its longest."""
     num_seqs, num_heads, head_dim = query.shape
@@ -300,8 +318,18 @@ def _decode_padded(
     # attend to the same keys, so each kv head is one batched SDPA call over its group.
     q = query.float().reshape(num_seqs, num_kv_heads, query_group_size, head_dim)
     mask = group.is_valid[:, None, None, :]
-    if logits_soft_cap is not None:
-        out = _soft_capped_attention(q, keys, values, mask, scale, logits_soft_cap)
+    if logits_soft_cap is not None or sinks is not None:
+        # keys, values: [num_seqs, num_kv_heads, 1, max_len, head_dim] against q's groups
+        # [num_seqs, num_kv_heads, group, 1, head_dim], so the sinks line up per query head
+        out = _explicit_attention(
+            q.unsqueeze(3),
+            keys.unsqueeze(2),
+            values.unsqueeze(2),
+            mask.unsqueeze(3),
+            scale,
+            logits_soft_cap,
+            None if sinks is None else sinks.view(num_kv_heads, query_group_size, 1),
+        ).squeeze(3)
     else:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim).to(query.dtype)
@@ -317,6 +345,7 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Single-token chunks take the batched decode path together; longer chunks loop per
     sequence, one masked matmul per kv head over the keys from the chunk's first window on."""
@@ -324,6 +353,7 @@ def paged_prefill_attention(
         query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
     )
     checks.check_window_and_cap(sliding_window, logits_soft_cap)
+    checks.check_sinks(sinks, query)
     num_tokens, num_heads, head_dim = query.shape
     query_lens = cu_query_lens.diff()
     if int(cu_query_lens[0]) != 0 or int(cu_query_lens[-1]) != num_tokens:
@@ -357,6 +387,7 @@ def paged_prefill_attention(
             scale,
             sliding_window,
             logits_soft_cap,
+            sinks,
         )
     bounds = cu_query_lens.tolist()
     for seq, context_len in enumerate(context_lens.tolist()):
@@ -388,7 +419,10 @@ def paged_prefill_attention(
         if sliding_window:
             is_hidden |= positions[None, :] <= query_positions[:, None] - sliding_window
         scores.masked_fill_(is_hidden, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).view(num_kv_heads, group * query_len, num_keys)
+        # head kv_head * group + g's sink for its rows
+        head_sinks = None if sinks is None else sinks.view(num_kv_heads, group, 1)
+        probs = _softmax_with_sinks(scores, head_sinks)
+        probs = probs.reshape(num_kv_heads, group * query_len, num_keys)
         # seq_out: [num_kv_heads, group * query_len, head_dim]
         seq_out = torch.matmul(probs, values.transpose(0, 1))
         seq_out = seq_out.view(num_kv_heads, group, query_len, head_dim).permute(2, 0, 1, 3)

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from quire.kernels.signatures import ClampedSwiGLU
+
 
 @dataclass(frozen=True)
 class ExpertGroups:
@@ -22,6 +24,7 @@ class ExpertGroups:
     order: torch.Tensor  # [num_pairs] int64: pair index t * top_k + j of each sorted pair
     tokens: torch.Tensor  # [num_pairs] int64: each sorted pair's token
     counts: torch.Tensor  # [num_experts] int64: pairs routed to each expert
+    experts: torch.Tensor  # [num_pairs] int64: each sorted pair's expert
 
 
 def group_by_expert(experts: torch.Tensor, num_experts: int) -> ExpertGroups:
@@ -29,8 +32,19 @@ def group_by_expert(experts: torch.Tensor, num_experts: int) -> ExpertGroups:
     flat = experts.flatten()
     order = torch.argsort(flat, stable=True)
     return ExpertGroups(
-        order, order // experts.shape[1], torch.bincount(flat, minlength=num_experts)
+        order, order // experts.shape[1], torch.bincount(flat, minlength=num_experts), flat[order]
     )
+
+
+def activate(gate_up: torch.Tensor, clamp: ClampedSwiGLU | None) -> torch.Tensor:
+    """An expert's activation over its gate/up rows `[rows, 2 * intermediate]` (gate columns
+    first): SwiGLU, or gpt-oss's clamped form (in transformers' order of operations)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if clamp is None:
+        return F.silu(gate) * up
+    gate = gate.clamp(max=clamp.limit)
+    up = up.clamp(min=-clamp.limit, max=clamp.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * clamp.alpha))
 
 
 def check_expert_mlp(
@@ -39,9 +53,19 @@ def check_expert_mlp(
     down_t: torch.Tensor,
     experts: torch.Tensor,
     weights: torch.Tensor,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
 ) -> None:
     """Shapes, dtypes and devices of an expert_mlp call (metadata only: no device sync)."""
     num_experts, hidden, two_inter = gate_up_t.shape
+    for name, bias, shape in (
+        ("gate_up_bias", gate_up_bias, (num_experts, two_inter)),
+        ("down_bias", down_bias, (num_experts, hidden)),
+    ):
+        if bias is not None and (bias.shape != shape or bias.dtype != x.dtype):
+            raise ValueError(
+                f"{name} must be {list(shape)} {x.dtype}, got {tuple(bias.shape)} {bias.dtype}"
+            )
     if x.dim() != 2 or x.shape[1] != hidden:
         raise ValueError(f"x must be [num_tokens, {hidden}], got {tuple(x.shape)}")
     if two_inter % 2 or down_t.shape != (num_experts, two_inter // 2, hidden):
@@ -58,7 +82,8 @@ def check_expert_mlp(
         raise ValueError(f"experts must be [num_tokens, top_k] int64, got {tuple(experts.shape)}")
     if weights.dtype != torch.float32 or weights.shape != experts.shape:
         raise ValueError(f"weights must be float32 shaped like experts, got {weights.dtype}")
-    devices = {t.device for t in (x, gate_up_t, down_t, experts, weights)}
+    biases = tuple(b for b in (gate_up_bias, down_bias) if b is not None)
+    devices = {t.device for t in (x, gate_up_t, down_t, experts, weights, *biases)}
     if len(devices) > 1:
         raise ValueError(f"expert_mlp's tensors must be on one device, got {devices}")
 
@@ -69,10 +94,12 @@ def sorted_rows(
     down_t: torch.Tensor,
     experts: torch.Tensor,
     weights: torch.Tensor,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
 ) -> tuple[ExpertGroups, torch.Tensor]:
     """An expert_mlp call checked, its pairs grouped by expert, and the tokens' rows in that
     order: `[num_pairs, hidden]`."""
-    check_expert_mlp(x, gate_up_t, down_t, experts, weights)
+    check_expert_mlp(x, gate_up_t, down_t, experts, weights, gate_up_bias, down_bias)
     groups = group_by_expert(experts, gate_up_t.shape[0])
     return groups, x[groups.tokens]
 
@@ -95,15 +122,22 @@ def expert_mlp(
     down_t: torch.Tensor,
     experts: torch.Tensor,
     weights: torch.Tensor,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    clamp: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
     """One GEMM pair per expert that has rows (the loop syncs to read the counts)."""
-    groups, rows = sorted_rows(x, gate_up_t, down_t, experts, weights)
+    groups, rows = sorted_rows(x, gate_up_t, down_t, experts, weights, gate_up_bias, down_bias)
     out = torch.empty_like(rows)
     start = 0
     for e, count in enumerate(groups.counts.tolist()):
         if count:
             end = start + count
-            gate, up = torch.mm(rows[start:end], gate_up_t[e]).chunk(2, dim=-1)
-            torch.mm(F.silu(gate) * up, down_t[e], out=out[start:end])
+            gate_up = torch.mm(rows[start:end], gate_up_t[e])
+            if gate_up_bias is not None:
+                gate_up += gate_up_bias[e]
+            torch.mm(activate(gate_up, clamp), down_t[e], out=out[start:end])
+            if down_bias is not None:
+                out[start:end] += down_bias[e]
             start = end
     return weighted_sum(out, groups, weights).to(x.dtype)

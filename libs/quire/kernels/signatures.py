@@ -20,12 +20,15 @@ Per layer, attention may be windowed and soft-capped. With `sliding_window` W, t
 position p attends to positions max(0, p - W + 1)..p only (its W latest, itself included), so
 block table entries wholly before that are never read (they may name any valid block: a
 sequence whose blocks fell out of every window gives them back). With `logits_soft_cap` c, each
-scaled score s becomes c * tanh(s / c) before the softmax (Gemma 2).
+scaled score s becomes c * tanh(s / c) before the softmax (Gemma 2). With `sinks` (gpt-oss),
+query head h's softmax has one more logit, sinks[h], with no value: every weight is
+exp(s_j) / (sum_i exp(s_i) + exp(sinks[h])), so a head may attend to less than all of it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -44,6 +47,7 @@ class PagedAttention(Protocol):
         scale: float,  # applied to q . k before the softmax
         sliding_window: int | None = None,  # >= 1: attend to the latest W positions; None: all
         logits_soft_cap: float | None = None,  # > 0: c * tanh(score / c); None: no cap
+        sinks: torch.Tensor | None = None,  # [num_heads] float32: a value-less logit per head
     ) -> torch.Tensor:  # [num_seqs, num_heads, head_dim]
         """Attention of one new token per sequence over that sequence's paged cache.
 
@@ -64,6 +68,7 @@ class PagedAttention(Protocol):
         scale: float,  # applied to q . k before the softmax
         sliding_window: int | None = None,  # >= 1: attend to the latest W positions; None: all
         logits_soft_cap: float | None = None,  # > 0: c * tanh(score / c); None: no cap
+        sinks: torch.Tensor | None = None,  # [num_heads] float32: a value-less logit per head
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         """Causal attention of each sequence's chunk of new tokens over its paged cache.
 
@@ -160,6 +165,15 @@ class PackedLinear(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ClampedSwiGLU:
+    """gpt-oss's expert activation in place of SwiGLU's silu(gate) * up: gate clamped above at
+    `limit`, up clamped to [-limit, limit], then (up + 1) * (gate * sigmoid(alpha * gate))."""
+
+    alpha: float
+    limit: float
+
+
 class ExpertMlp(Protocol):
     """A mixture-of-experts layer's SwiGLU experts over its routed tokens. Its oracle is the
     per-expert loop of reference_experts.py."""
@@ -171,7 +185,11 @@ class ExpertMlp(Protocol):
         down_t: torch.Tensor,  # [num_experts, intermediate, hidden]
         experts: torch.Tensor,  # [num_tokens, top_k] int64: each token's experts
         weights: torch.Tensor,  # [num_tokens, top_k] float32: their router weights
+        gate_up_bias: torch.Tensor | None = None,  # [num_experts, 2 * intermediate], x's dtype
+        down_bias: torch.Tensor | None = None,  # [num_experts, hidden], x's dtype
+        clamp: ClampedSwiGLU | None = None,  # gpt-oss's activation; None: SwiGLU
     ) -> torch.Tensor:  # [num_tokens, hidden], x's dtype
-        """sum_j weights[t, j] * down_e(silu(gate_e(x[t])) * up_e(x[t])), e = experts[t, j],
+        """sum_j weights[t, j] * down_e(act(gate_up_e(x[t]))), e = experts[t, j], each
+        projection plus its bias where given, act SwiGLU (silu(gate) * up) or `clamp`'s,
         summed in float32 and rounded to x's dtype once."""
         ...

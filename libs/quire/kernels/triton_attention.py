@@ -9,7 +9,9 @@ head h // (num_heads // num_kv_heads).
 A sliding window W starts a program's loop at the first key its earliest row sees and masks
 each row's keys before its own window; the blocks before are never read. A soft cap c turns each
 scaled score s into c * tanh(s / c) before the softmax (WINDOW and SOFT_CAP are runtime values;
-HAS_WINDOW and HAS_SOFT_CAP compile them in only where used).
+HAS_WINDOW and HAS_SOFT_CAP compile them in only where used). Sinks (HAS_SINKS) start a head's
+online softmax from its sink logit (m_i = sink, l_i = 1) instead of from nothing, so the sink
+sits in every row's denominator with no value.
 
 The host wrappers implement signatures.PagedAttention and check metadata only; index values
 (slots, block ids, lengths) are trusted, so that launching never syncs with the device.
@@ -45,6 +47,7 @@ def _paged_decode_attention_kernel(
     value_cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
+    sinks_ptr,
     scale,
     window,
     soft_cap,
@@ -70,6 +73,7 @@ def _paged_decode_attention_kernel(
     TILE_N: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # One program per (sequence, query head); the query is a single row, so scores are a
     # broadcast multiply + row sum rather than a tl.dot (which needs >= 16 rows).
@@ -85,6 +89,9 @@ def _paged_decode_attention_kernel(
 
     m_i = -float("inf")
     l_i = 0.0
+    if HAS_SINKS:  # the head's sink, a base-2 logit already seen with weight 1
+        m_i = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        l_i = 1.0
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
     first_key = 0
     if HAS_WINDOW:
@@ -163,6 +170,7 @@ def _paged_prefill_attention_kernel(
     block_tables_ptr,
     cu_query_lens_ptr,
     context_lens_ptr,
+    sinks_ptr,
     scale,
     window,
     soft_cap,
@@ -191,6 +199,7 @@ def _paged_prefill_attention_kernel(
     DOT_PRECISION: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     # One program per (query tile of BLOCK_M chunk tokens of one sequence, query head).
     tile = tl.program_id(0)
@@ -223,6 +232,11 @@ def _paged_prefill_attention_kernel(
 
     m_i = tl.full([BLOCK_M], -float("inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if HAS_SINKS:  # every row starts from the head's sink, a base-2 logit of weight 1
+        m_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32) * (
+            tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        )
+        l_i = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     # Keys past the tile's last row are in every row's future; stop there.
     kv_end = tl.minimum(context_len, prefix_len + tile_start + BLOCK_M)
@@ -325,11 +339,13 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One program per (sequence, query head). Needs head_dim a power of two in [16, 256] and
     a contiguous context_lens."""
     shape = checks.check_decode(query, key_cache, value_cache, block_tables, context_lens)
     checks.check_window_and_cap(sliding_window, logits_soft_cap)
+    checks.check_sinks(sinks, query)
     _check_triton(shape, query)
     checks.check_contiguous(context_lens=context_lens)
     # out: [num_seqs, num_heads, head_dim]
@@ -344,6 +360,7 @@ def paged_decode_attention(
         value_cache,
         block_tables,
         context_lens,
+        query if sinks is None else sinks.contiguous(),  # any pointer where there are none
         float(scale),
         sliding_window or 0,
         float(logits_soft_cap or 0.0),
@@ -358,6 +375,7 @@ def paged_decode_attention(
         TILE_N=_decode_tile(shape.cache.head_dim),
         HAS_WINDOW=sliding_window is not None,
         HAS_SOFT_CAP=logits_soft_cap is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=8,
     )
     return out
@@ -373,6 +391,7 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One program per (query tile, query head), each finding its sequence on the device.
     Needs head_dim a power of two in [16, 256], contiguous cu_query_lens and context_lens."""
@@ -380,6 +399,7 @@ def paged_prefill_attention(
         query, key_cache, value_cache, block_tables, cu_query_lens, context_lens
     )
     checks.check_window_and_cap(sliding_window, logits_soft_cap)
+    checks.check_sinks(sinks, query)
     _check_triton(shape, query)
     checks.check_contiguous(cu_query_lens=cu_query_lens, context_lens=context_lens)
     # out: [num_tokens, num_heads, head_dim]
@@ -399,6 +419,7 @@ def paged_prefill_attention(
         block_tables,
         cu_query_lens,
         context_lens,
+        query if sinks is None else sinks.contiguous(),  # any pointer where there are none
         float(scale),
         sliding_window or 0,
         float(logits_soft_cap or 0.0),
@@ -416,6 +437,7 @@ def paged_prefill_attention(
         DOT_PRECISION=_dot_precision(query.dtype),
         HAS_WINDOW=sliding_window is not None,
         HAS_SOFT_CAP=logits_soft_cap is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps,
         num_stages=2,
     )

@@ -13,12 +13,12 @@ device.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from quire.kernels import checks
-from quire.kernels.reference_experts import check_expert_mlp, group_by_expert
+from quire.kernels.reference_experts import activate, check_expert_mlp, group_by_expert
+from quire.kernels.signatures import ClampedSwiGLU
 from quire.kernels.triton_attention import _dot_precision as dot_precision
 
 # Decided once, when the kernels are decorated: TRITON_INTERPRET=1 runs them on CPU tensors.
@@ -170,9 +170,13 @@ def expert_mlp(
     down_t: torch.Tensor,
     experts: torch.Tensor,
     weights: torch.Tensor,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+    clamp: ClampedSwiGLU | None = None,
 ) -> torch.Tensor:
-    """Two launches of the grouped GEMM; SiLU-and-multiply and the top-k sum in torch."""
-    check_expert_mlp(x, gate_up_t, down_t, experts, weights)
+    """Two launches of the grouped GEMM; the biases, the activation and the top-k sum in
+    torch (the down bias added already weighted, as the kernel weighs its rows)."""
+    check_expert_mlp(x, gate_up_t, down_t, experts, weights, gate_up_bias, down_bias)
     checks.check_triton_device(x.device, IS_INTERPRETED)
     num_tokens, top_k = experts.shape
     num_experts, hidden, two_inter = gate_up_t.shape
@@ -182,10 +186,14 @@ def expert_mlp(
     num_pairs = num_tokens * top_k
     gate_up = torch.empty(num_pairs, two_inter, dtype=x.dtype, device=x.device)
     _expert_gemm(x, gate_up_t, gate_up, None, sorted_pairs, block_experts, top_k, True)
-    gate, up = gate_up.chunk(2, dim=-1)
-    activated = F.silu(gate) * up  # [num_pairs, intermediate], row p is pair p
+    pair_experts = experts.flatten()  # row p is pair p
+    if gate_up_bias is not None:
+        gate_up += gate_up_bias[pair_experts]
+    activated = activate(gate_up, clamp)  # [num_pairs, intermediate]
     out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
     _expert_gemm(
         activated, down_t, out, weights.flatten(), sorted_pairs, block_experts, top_k, False
     )
+    if down_bias is not None:
+        out += weights.flatten().unsqueeze(1) * down_bias[pair_experts].float()
     return out.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)

@@ -51,6 +51,7 @@ class PagedAttention:
         scale: float,
         sliding_window: int | None = None,  # attend to the latest W positions; None: all
         logits_soft_cap: float | None = None,  # scores -> cap * tanh(score / cap); None: none
+        sinks: torch.Tensor | None = None,  # [num_heads] float32, a value-less logit (gpt-oss)
     ) -> None:
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -58,6 +59,7 @@ class PagedAttention:
         self.scale = scale
         self.sliding_window = sliding_window
         self.logits_soft_cap = logits_soft_cap
+        self.sinks = sinks
 
     def __call__(
         self,
@@ -81,6 +83,7 @@ class PagedAttention:
                 self.scale,
                 self.sliding_window,
                 self.logits_soft_cap,
+                self.sinks,
                 plan=meta.decode_plan(key_cache, self.sliding_window),
             )
         return kernels.paged_prefill_attention(
@@ -93,4 +96,5 @@ class PagedAttention:
             self.scale,
             self.sliding_window,
             self.logits_soft_cap,
+            self.sinks,
         )

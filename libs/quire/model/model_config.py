@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quire.kernels.signatures import ClampedSwiGLU
 from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
 from quire.model.attention_layout import AttentionLayout, attention_layout_from_hf
 from quire.model.yarn import yarn_attention_factor, yarn_mscale
@@ -75,6 +76,10 @@ class MoeConfig:
     # this many experts (0: none), and the factor the routed experts' weights are scaled by.
     num_shared_experts: int = 0
     routed_scaling_factor: float = 1.0
+    # gpt-oss: the router and every expert projection carry biases, and the experts' activation
+    # is its clamped SwiGLU
+    biases: bool = False
+    clamp: ClampedSwiGLU | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -189,6 +194,17 @@ class ModelConfig:
         arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
         if arch is None:
             raise ValueError(unsupported_message(", ".join(archs) or hf.model_type))
+        quantization = getattr(hf, "quantization_config", None)
+        if quantization:
+            method = (
+                quantization.get("quant_method", "unnamed")
+                if isinstance(quantization, dict)
+                else getattr(quantization, "quant_method", "unnamed")
+            )
+            raise ValueError(
+                f"quantized safetensors checkpoints are not supported (quant_method {method}); "
+                "Quire loads float safetensors checkpoints and GGUF files"
+            )
         max_len = int(hf.max_position_embeddings)
         eos = hf.eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))
@@ -234,6 +250,19 @@ def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
             intermediate_size=int(hf.intermediate_size),
             normalize_top_k=True,
             sparse_layers=tuple(range(num_layers)),
+        )
+    if arch == "GptOssForCausalLM":  # every layer sparse; softmax over the top-k logits
+        return MoeConfig(
+            num_experts=int(hf.num_local_experts),
+            top_k=int(hf.num_experts_per_tok),
+            intermediate_size=int(hf.intermediate_size),
+            normalize_top_k=True,
+            sparse_layers=tuple(range(num_layers)),
+            biases=True,
+            clamp=ClampedSwiGLU(
+                alpha=float(getattr(hf, "swiglu_alpha", 1.702)),
+                limit=float(getattr(hf, "swiglu_limit", 7.0)),
+            ),
         )
     if arch == "Qwen3MoeForCausalLM":  # sparse every decoder_sparse_step-th layer
         num_experts, step = int(hf.num_experts), int(hf.decoder_sparse_step)

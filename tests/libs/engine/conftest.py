@@ -27,8 +27,10 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         with a 24-token window on every layer; Gemma 2 (alternating 16-token windows, soft caps,
         head_dim 64, GQA 2); Gemma 3 (q/k norms, head_dim 128, MQA, a global layer among 24-token
         windows, two rope bases); DeepSeek-V2 (MLA's latent cache, shared + routed experts: V2-Lite's
-    shape with YaRN and a dense first layer, and one with q_lora_rank and top-1 of 4 experts).
-    Every window is shorter than most test prompts."""
+    shape with YaRN and a dense first layer, and one with q_lora_rank and top-1 of 4 experts);
+    gpt-oss (attention sinks, biased attention, alternating 16-token windows, YaRN, 4 biased
+    experts top-2 with a clamp the activations reach, head_dim 64, GQA 2; and head_dim 128, MQA,
+    8 experts top-1, a 24-token window). Every window is shorter than most test prompts."""
     root = tmp_path_factory.mktemp("zoo")
     return {
         "tiny": tiny_model,
@@ -48,6 +50,8 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         "tiny-deepseek-v2-q-lora": make_checkpoint(
             root / "deepseek-v2-q-lora", "tiny-deepseek-v2-q-lora", seed=12
         ),
+        "tiny-gpt-oss": make_checkpoint(root / "gpt-oss", "tiny-gpt-oss", seed=13),
+        "tiny-gpt-oss-mqa": make_checkpoint(root / "gpt-oss-mqa", "tiny-gpt-oss-mqa", seed=14),
     }
 
 

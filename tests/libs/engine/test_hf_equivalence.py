@@ -56,6 +56,8 @@ MODELS = [
     "tiny-gemma3",
     "tiny-deepseek-v2",
     "tiny-deepseek-v2-q-lora",
+    "tiny-gpt-oss",
+    "tiny-gpt-oss-mqa",
 ]
 # Run under Quire's own packed kernel too. The other architectures' dense projections are the
 # same Linear layers, so the measured choice covers them.

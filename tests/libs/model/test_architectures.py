@@ -94,3 +94,37 @@ def test_qwen3_reads_head_dim_and_attention_bias() -> None:
     assert plain.head_dim == 48 and not plain.qkv_bias and not plain.o_bias and plain.moe is None
     biased = Qwen3Config(architectures=["Qwen3ForCausalLM"], attention_bias=True, **shape)
     assert ModelConfig.from_hf(biased).qkv_bias and ModelConfig.from_hf(biased).o_bias
+
+
+def test_gpt_oss_config_as_released() -> None:
+    """The released gpt-oss shape (transformers' GptOssConfig defaults): every layer sparse
+    with biased experts and the clamped SwiGLU, sliding and global layers alternating from a
+    sliding first, untruncated YaRN over a 4,096-token original context, biased attention."""
+    from transformers import GptOssConfig
+
+    config = ModelConfig.from_hf(
+        GptOssConfig(architectures=["GptOssForCausalLM"], num_hidden_layers=4)
+    )
+    assert config.moe is not None and config.moe.biases and config.moe.normalize_top_k
+    assert config.moe.clamp is not None
+    assert (config.moe.clamp.alpha, config.moe.clamp.limit) == (1.702, 7.0)
+    assert config.moe.sparse_layers == (0, 1, 2, 3)
+    assert (config.moe.num_experts, config.moe.top_k) == (128, 4)
+    assert config.attention.sliding_window == 128
+    assert config.attention.sliding_layers == (0, 2)
+    assert config.qkv_bias and config.o_bias
+    rope = config.rope
+    assert (rope.rope_type, rope.factor, rope.truncate) == ("yarn", 32.0, False)
+    assert rope.original_max_position_embeddings == 4096 and rope.theta == 150000.0
+
+
+def test_a_quantized_safetensors_checkpoint_is_refused_by_name() -> None:
+    from transformers import GptOssConfig
+
+    hf = GptOssConfig(
+        architectures=["GptOssForCausalLM"],
+        num_hidden_layers=2,
+        quantization_config={"quant_method": "mxfp4"},
+    )
+    with pytest.raises(ValueError, match=r"quantized safetensors checkpoints .*mxfp4"):
+        ModelConfig.from_hf(hf)

@@ -28,7 +28,9 @@
 // tile starts at the block holding its first row's first key, so the blocks before it are
 // never read (the block table may name any block there), and a row's keys before its window
 // get weight 0. A soft cap c (soft_cap > 0) turns each scaled score s into c * tanh(s / c)
-// before the softmax.
+// before the softmax. Sinks (sinks != nullptr, gpt-oss) give query head h one more logit
+// sinks[h] in its softmax's denominator, with no value: the online softmax starts from it
+// (running max sinks[h], running sum 1) instead of from nothing.
 
 #include <ATen/Parallel.h>
 #if defined(__AVX512F__)
@@ -121,6 +123,7 @@ struct Problem {
   float scale;
   int window;  // > 0: a row at position p sees keys p - window + 1 .. p; 0: all before it
   float soft_cap;  // > 0: scores become soft_cap * tanh(score / soft_cap); 0: no cap
+  const float* sinks;  // [num_heads]: each head's value-less logit; nullptr: none
 };
 
 // Rows num_tokens * group_size of one sequence and one kv head: chunk tokens
@@ -515,8 +518,9 @@ template <int kHeadDim, bool kVector>
   return _mm512_mul_ps(poly, _mm512_castsi512_ps(bits));
 }
 
-// Turns scores[0 .. num_keys) into exp(score - max) in place and returns their sum.
-inline float softmax_in_place16(float* scores, int num_keys) {
+// Turns scores[0 .. num_keys) into exp(score - max) in place and returns their sum; *max_out
+// is max.
+inline float softmax_in_place16(float* scores, int num_keys, float* max_out) {
   const int num_chunks = (num_keys + 15) / 16;
   const __mmask16 tail = static_cast<__mmask16>((1u << (num_keys - 16 * (num_chunks - 1))) - 1u);
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -525,7 +529,8 @@ inline float softmax_in_place16(float* scores, int num_keys) {
     const __mmask16 m = c + 1 < num_chunks ? static_cast<__mmask16>(0xFFFF) : tail;
     max_v = _mm512_max_ps(max_v, _mm512_mask_loadu_ps(neg_inf, m, scores + 16 * c));
   }
-  const __m512 max_all = _mm512_set1_ps(_mm512_reduce_max_ps(max_v));
+  *max_out = _mm512_reduce_max_ps(max_v);
+  const __m512 max_all = _mm512_set1_ps(*max_out);
   __m512 sum_v = _mm512_setzero_ps();
   for (int c = 0; c < num_chunks; ++c) {
     const __mmask16 m = c + 1 < num_chunks ? static_cast<__mmask16>(0xFFFF) : tail;
@@ -671,11 +676,14 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
 
   if (p.soft_cap > 0.0f) soft_cap_scores(scores, group, padded, num_keys, p.soft_cap);
 
-  // 2. softmax weights, unnormalized; each row's sum kept for the end; keys before the
-  // window weigh 0
+  // 2. softmax weights, unnormalized; each row's sum kept for the end (with its head's sink,
+  // exp(sink - max): +inf past float's range, which weighs the keys 0 as it should); keys
+  // before the window weigh 0
   for (int g = 0; g < group; ++g) {
     float* row = scores + g * padded;
-    s.row_sum[g] = softmax_in_place16(row + head, num_keys - head);
+    float row_max;
+    s.row_sum[g] = softmax_in_place16(row + head, num_keys - head, &row_max);
+    if (p.sinks != nullptr) s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);
     std::fill_n(row, head, 0.0f);
   }
 
@@ -738,6 +746,13 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
   std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
   std::fill_n(s.row_sum.data(), num_rows, 0.0f);
+  if (p.sinks != nullptr) {
+    // every row starts from its head's sink: a logit seen, weight exp(0) = 1, no value
+    for (int row = 0; row < num_rows; ++row) {
+      s.row_max[row] = p.sinks[tile.kv_head * group + row % group];
+      s.row_sum[row] = 1.0f;
+    }
+  }
 
   const int32_t* table = p.block_tables + tile.seq * p.table_stride;
   const int num_keys = tile.first_pos + tile.num_tokens;  // what the tile's last row sees
@@ -951,7 +966,8 @@ void check_context_len(int64_t context_len, int64_t min_len, const char* min_len
 template <typename scalar_t>
 Problem<scalar_t> make_problem(const at::Tensor& query, const at::Tensor& key_cache,
                                const at::Tensor& value_cache, const at::Tensor& block_tables,
-                               at::Tensor& out, double scale, int window, double soft_cap) {
+                               at::Tensor& out, double scale, int window, double soft_cap,
+                               const float* sinks) {
   return Problem<scalar_t>{
       query.data_ptr<scalar_t>(),
       key_cache.data_ptr<scalar_t>(),
@@ -971,29 +987,38 @@ Problem<scalar_t> make_problem(const at::Tensor& query, const at::Tensor& key_ca
       static_cast<float>(scale),
       window,
       static_cast<float>(soft_cap),
+      sinks,
   };
 }
 
 at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
                const at::Tensor& value_cache, const at::Tensor& block_tables,
-               std::vector<Tile>& tiles, double scale, int window, double soft_cap) {
+               std::vector<Tile>& tiles, double scale, int window, double soft_cap,
+               const std::optional<at::Tensor>& sink_tensor) {
   at::Tensor out = at::empty(query.sizes(), query.options());
+  if (sink_tensor) {
+    TORCH_CHECK_VALUE(sink_tensor->scalar_type() == at::kFloat && sink_tensor->dim() == 1 &&
+                          sink_tensor->size(0) == query.size(1) &&
+                          sink_tensor->is_contiguous() && sink_tensor->device().is_cpu(),
+                      "sinks must be a contiguous [num_heads] float32 CPU tensor");
+  }
+  const float* sinks = sink_tensor ? sink_tensor->data_ptr<float>() : nullptr;
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& a, const Tile& b) { return a.cost() > b.cost(); });
   if (tiles.empty()) return out;
   switch (query.scalar_type()) {
     case at::kFloat:
-      run_for_shape(make_problem<float>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap),
+      run_for_shape(make_problem<float>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap, sinks),
                     tiles);
       break;
     case at::kBFloat16:
       run_for_shape(
-          make_problem<c10::BFloat16>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap),
+          make_problem<c10::BFloat16>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap, sinks),
           tiles);
       break;
     case at::kHalf:
       run_for_shape(
-          make_problem<c10::Half>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap), tiles);
+          make_problem<c10::Half>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap, sinks), tiles);
       break;
     default:
       TORCH_CHECK_VALUE(false, "the C++ kernels take float32, bfloat16 or float16, got ",
@@ -1021,7 +1046,8 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
                                   const at::Tensor& value_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, double scale,
                                   std::optional<int64_t> sliding_window,
-                                  std::optional<double> logits_soft_cap) {
+                                  std::optional<double> logits_soft_cap,
+                                  const std::optional<at::Tensor>& sinks) {
   const auto [window, soft_cap] = window_and_cap(sliding_window, logits_soft_cap);
   check_layout(query, key_cache, value_cache, block_tables);
   const at::Tensor lens = context_lens.contiguous();
@@ -1040,7 +1066,7 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
           Tile{seq, kv_head, seq, 1, len[seq] - 1, first_key_of(len[seq] - 1, window)});
     }
   }
-  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap);
+  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap, sinks);
 }
 
 // query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back;
@@ -1050,7 +1076,8 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
                                    const at::Tensor& cu_query_lens,
                                    const at::Tensor& context_lens, double scale,
                                    std::optional<int64_t> sliding_window,
-                                   std::optional<double> logits_soft_cap) {
+                                   std::optional<double> logits_soft_cap,
+                                   const std::optional<at::Tensor>& sinks) {
   const auto [window, soft_cap] = window_and_cap(sliding_window, logits_soft_cap);
   check_layout(query, key_cache, value_cache, block_tables);
   const at::Tensor lens = context_lens.contiguous();
@@ -1084,18 +1111,18 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
       }
     }
   }
-  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap);
+  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap, sinks);
 }
 
 TORCH_LIBRARY(quire_cpu, m) {
   m.def(
       "paged_decode_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor context_lens, float scale, int? sliding_window=None, "
-      "float? logits_soft_cap=None) -> Tensor");
+      "float? logits_soft_cap=None, Tensor? sinks=None) -> Tensor");
   m.def(
       "paged_prefill_attention(Tensor query, Tensor key_cache, Tensor value_cache, "
       "Tensor block_tables, Tensor cu_query_lens, Tensor context_lens, float scale, "
-      "int? sliding_window=None, float? logits_soft_cap=None) -> Tensor");
+      "int? sliding_window=None, float? logits_soft_cap=None, Tensor? sinks=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quire_cpu, CPU, m) {
