@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ from typing import Any
 from benchmarks.common.signals import exit_on_sigterm
 from benchmarks.common.stats import finite_or_none, length_summary
 from benchmarks.common.workload import LENGTH_SIGMA
+from benchmarks.online import cpu
 from benchmarks.online.cli import parse_args
 from benchmarks.online.client import Server, gather_warmup, run_rate
 from benchmarks.online.config import (
@@ -46,9 +48,16 @@ def bench_system(
     for client in args.clients:
         for c, requests in zip(args.concurrency, plan.curve, strict=True):
             tag = f"{label.replace(' ', '-')}-{client}-c{c or 'all'}"
-            point = run_point(server, requests, c, client, args, tmp, tag)
+            point, profile = cpu.measured(
+                functools.partial(run_point, server, requests, c, client, args, tmp, tag)
+            )
+            point["cpu_profile"] = profile
+            point["cpu_ms_per_output_token"] = cpu.per_token(
+                profile, point.get("total_output_tokens") or 0
+            )
             curve.setdefault(client, []).append(point)
             print(curve_row(label, point), flush=True)
+            print(cpu.cpu_row(label, point), flush=True)
     runs = []
     for i, (rate, requests) in enumerate(zip(args.rates, plan.rates, strict=True)):
         results, duration = asyncio.run(

@@ -26,6 +26,7 @@ from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats
 from quire.outputs import RequestDelta
 from quire.sampling_params import SamplingParams
+from services.executor.core_share import CoreShare
 from services.executor.executor_logging import RequestIds
 from services.executor.executor_metrics import ExecutorMetrics
 
@@ -73,10 +74,14 @@ class EngineLoop:
         load_interval_s: float = 0.1,
         on_step_error: Callable[[Exception], None] | None = None,
         request_ids: RequestIds | None = None,
+        cores: CoreShare | None = None,
     ) -> None:
         """`on_step_error` is called on the loop thread after a failed step has dropped
         every request (the server decides whether the error is fatal). `request_ids` maps
-        engine request ids to the callers' request ids for the memory manager's logs."""
+        engine request ids to the callers' request ids for the memory manager's logs.
+        `cores`: the machine's cores shared with sibling executors (each step's threads follow
+        who has work); None: torch's threads stay as set."""
+        self.cores = cores
         self.engine = engine
         self.metrics = metrics
         self.request_ids = request_ids or RequestIds()
@@ -171,6 +176,8 @@ class EngineLoop:
     def _run(self) -> None:
         while True:
             with self._cond:
+                if self.cores is not None and not self._has_work():
+                    self.cores.idle()  # the siblings may take this executor's cores
                 while not self._commands and not self._stopping and not self._has_work():
                     self._cond.wait()
                 commands, self._commands = self._commands, []
@@ -181,6 +188,8 @@ class EngineLoop:
                 for request_id in list(self._sinks):
                     self._abort(request_id)
                 self._refresh_load()
+                if self.cores is not None:
+                    self.cores.idle()
                 return
             if self._has_work():
                 self._step()
@@ -221,6 +230,8 @@ class EngineLoop:
         self.request_ids.release(request_id)
 
     def _step(self) -> None:
+        if self.cores is not None:
+            self.cores.before_step()
         try:
             result = self.engine.step()
         except Exception as exc:

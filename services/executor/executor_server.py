@@ -26,6 +26,7 @@ from quire.engine.llm_engine import LLMEngine
 from services.common import tls
 from services.common.epochs import StaleEpochError
 from services.executor import allocator_factory as alloc
+from services.executor.core_share import CoreShare
 from services.executor.engine_loop import EngineLoop
 from services.executor.executor_logging import RequestIds, bind_global
 from services.executor.executor_metrics import ExecutorMetrics
@@ -106,8 +107,27 @@ class ExecutorServer:
         def on_step_error(exc: Exception) -> None:  # on the engine thread
             event_loop.call_soon_threadsafe(self._on_step_error, exc)
 
+        cores = None
+        if s.share_cores_file:
+            cores = CoreShare(
+                s.share_cores_file,
+                s.share_cores_slot,
+                s.share_cores_total,
+                floor=max(1, s.torch_threads),
+            )
+            log.info(
+                "sharing cores",
+                file=s.share_cores_file,
+                slot=s.share_cores_slot,
+                cores=cores.cores,
+                floor=cores.floor,
+            )
         self.loop = EngineLoop(
-            engine, self.metrics, on_step_error=on_step_error, request_ids=self.request_ids
+            engine,
+            self.metrics,
+            on_step_error=on_step_error,
+            request_ids=self.request_ids,
+            cores=cores,
         )
         self.loop.start()
         self.servicer = ExecutorServicer(

@@ -108,6 +108,24 @@ class ExecutorSettings(BaseSettings):
         description="torch intra-op CPU threads (0: torch's default, one per core); several "
         "executors on one machine should split its cores between them",
     )
+    share_cores_file: str = Field(
+        default="",
+        description="a file in shared memory (e.g. /dev/shm/quire-cores) the executors of one "
+        "machine share: each step then runs on share_cores_total // (executors with work) "
+        "torch threads, at least torch_threads, so a lone request's executor takes every core "
+        "and busy siblings split them; empty: torch_threads always",
+    )
+    share_cores_slot: int = Field(
+        default=0,
+        ge=0,
+        le=63,
+        description="this executor's slot in share_cores_file, distinct per executor",
+    )
+    share_cores_total: int = Field(
+        default=0,
+        ge=0,
+        description="the cores the share_cores_file executors split (0: this machine's)",
+    )
     metrics_port: int = Field(default=0, description="Prometheus /metrics port (0 disables)")
     drain_timeout_s: float = Field(
         default=300.0,

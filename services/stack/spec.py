@@ -68,6 +68,10 @@ class StackConfig:
     # Pin executor i to CPU core i % cores (taskset), so executors share the cores evenly
     # instead of the scheduler's whim; for benchmarks, with executor_torch_threads=1.
     pin_executors: bool = False
+    # Executors split the cores by who has work (their --share-cores-file, one per stack in
+    # /dev/shm): alone, an executor's steps run on every core; with siblings busy, on an even
+    # share. Only with the even split (torch threads 0), unpinned executors, as processes.
+    executor_share_cores: bool = True
     routing_policy: str = "prefix"  # the router's --routing-policy
     # Executors copy a prompt's blocks a peer holds instead of computing them (--enable-pulls)
     executor_enable_pulls: bool = True
@@ -127,6 +131,22 @@ class StackConfig:
         if self.executor_torch_threads:
             return self.executor_torch_threads
         return max(1, (os.cpu_count() or 1) // max(1, self.num_executors))
+
+    @property
+    def shares_cores(self) -> bool:
+        """Whether the executors split the cores by who has work (executor_share_cores)."""
+        return (
+            self.executor_share_cores
+            and self.executor_torch_threads == 0
+            and not self.pin_executors
+            and not self.address_by_name  # containers: each has cores of its own
+            and self.num_executors > 1
+        )
+
+    @property
+    def share_cores_file(self) -> str:
+        """The stack's shared cores file: one per stack (its executor ports)."""
+        return f"/dev/shm/{self.redis_prefix}-cores-{self.executor_base_port}"
 
     @property
     def redis_url(self) -> str:
@@ -243,6 +263,15 @@ def stack_processes(c: StackConfig) -> list[ProcessSpec]:
         ]
         if c.torch_threads is not None:
             argv += ["--torch-threads", str(c.torch_threads)]
+        if c.shares_cores:
+            argv += [
+                "--share-cores-file",
+                c.share_cores_file,
+                "--share-cores-slot",
+                str(i),
+                "--share-cores-total",
+                str(os.cpu_count() or 1),
+            ]
         if not c.executor_enable_pulls:
             argv += ["--no-enable-pulls"]
         roles = [r.strip() for r in c.executor_roles.split(",") if r.strip()]

@@ -1,7 +1,8 @@
 """The architectures beyond Llama served by an executor over gRPC: greedy streams equal
 transformers' generate() token for token, requests batched together (Phi-3 in both LongRoPE
 regimes, Qwen3-MoE and Mixtral through the grouped experts, DeepSeek-V2 over its latent
-cache)."""
+cache, Gemma 2 and 3 with their sliding and global layers, gpt-oss with its sinks and clamped
+experts)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ MODELS = {
     "tiny-mixtral": [2, 31, 64, 150],
     "tiny-deepseek-v2": [4, 17, 48, 110],
     "tiny-deepseek-v2-q-lora": [1, 15, 32, 70],
+    "tiny-gemma2": [6, 16, 30, 80],
+    "tiny-gemma3": [3, 25, 47, 100],
+    "tiny-gpt-oss": [2, 17, 36, 96],
+    "tiny-gpt-oss-mqa": [7, 24, 50, 130],
 }
 MAX_TOKENS = 12
 

@@ -94,3 +94,27 @@ def test_pulls_are_on_by_default_and_turn_off_together() -> None:
     off = _settings(config)
     assert not off["executor-0"].enable_pulls and not off["executor-1"].enable_pulls
     assert not off["router"].routing_pulls
+
+
+def test_shared_cores_give_each_executor_a_slot_of_one_file() -> None:
+    config = StackConfig()
+    assert config.shares_cores  # the default for a local stack
+    settings = _settings(config)
+    executors = [settings["executor-0"], settings["executor-1"]]
+    assert {s.share_cores_file for s in executors} == {config.share_cores_file}
+    assert [s.share_cores_slot for s in executors] == [0, 1]
+    assert all(s.share_cores_total >= 1 for s in executors)
+    # a fixed thread count, pinned executors, containers or a lone executor share nothing
+    for env in (
+        {"QUIRE_STACK_EXECUTOR_TORCH_THREADS": "2"},
+        {"QUIRE_STACK_PIN_EXECUTORS": "true"},
+        {"QUIRE_STACK_NUM_EXECUTORS": "1"},
+        {"QUIRE_STACK_EXECUTOR_SHARE_CORES": "false"},
+    ):
+        plain = StackConfig.from_env({"QUIRE_STACK_EXECUTOR_SHARE_CORES": "true", **env})
+        assert not plain.shares_cores
+        flags = [
+            f for p in stack_processes(plain) if p.name.startswith("executor-") for f in p.argv
+        ]
+        assert "--torch-threads" in flags or "taskset" in flags
+        assert "--share-cores-file" not in flags
