@@ -103,7 +103,7 @@ def test_every_service_runs_the_stack_argv_and_env(
 
 def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
     """The only differences from `make up`: bind 0.0.0.0, reach peers by service name, and
-    torch threads left to each container's environment."""
+    torch threads left to each container's environment (so no shared cores file either)."""
     c = CONTAINER_CONFIG
     local = {p.name: p.argv for p in stack_processes(LOCAL)}
     container = {p.name: p.argv for p in stack_processes(c)}
@@ -123,6 +123,9 @@ def test_container_argv_is_the_local_argv_with_addresses_mapped() -> None:
         if name.startswith("executor-"):
             threads = argv.index("--torch-threads")
             assert int(argv[threads + 1]) >= 1
+            share = argv.index("--share-cores-file")
+            assert argv[share + 2 : share + 6 : 2] == ["--share-cores-slot", "--share-cores-total"]
+            del expected[share : share + 6]  # after the threads: delete it first
             del expected[threads : threads + 2]
             port = argv[argv.index("--port") + 1]
             expected += ["--advertise-address", f"{name}:{port}"]

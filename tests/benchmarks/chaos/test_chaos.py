@@ -102,7 +102,10 @@ def test_a_frozen_pull_source_means_the_follow_up_computes(
     monkeypatch.setenv("QUIRE_PULL_POLICY", "always")
     result = run_fault("stop_pull_source", tmp_path)
     assert_clean(result)
-    assert result["pull_fallbacks"] == 1  # it tried the frozen source and gave up
+    # It tried the frozen source and gave up; a load request that wanted the same source
+    # while it was frozen (or left alone after its timeout) computed too. That a timed-out
+    # source is tried once and then left alone is tests/services/executor/test_block_transfer.py's.
+    assert result["pull_fallbacks"] >= 1
     assert result["follow_up_completed"] == 1 and result["follow_up_cached_tokens"] == 0
 
 
