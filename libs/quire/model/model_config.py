@@ -243,26 +243,22 @@ class ModelConfig:
 
 def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
     num_layers = int(hf.num_hidden_layers)
-    if arch == "MixtralForCausalLM":  # every layer sparse; top-k always renormalized
-        return MoeConfig(
-            num_experts=int(hf.num_local_experts),
-            top_k=int(hf.num_experts_per_tok),
-            intermediate_size=int(hf.intermediate_size),
-            normalize_top_k=True,
-            sparse_layers=tuple(range(num_layers)),
+    if arch in ("MixtralForCausalLM", "GptOssForCausalLM"):
+        # every layer sparse; top-k always renormalized (gpt-oss's softmax over the top-k
+        # logits is the same); gpt-oss's experts carry biases and its clamped SwiGLU
+        gpt_oss = arch == "GptOssForCausalLM"
+        clamp = ClampedSwiGLU(
+            alpha=float(getattr(hf, "swiglu_alpha", 1.702)),
+            limit=float(getattr(hf, "swiglu_limit", 7.0)),
         )
-    if arch == "GptOssForCausalLM":  # every layer sparse; softmax over the top-k logits
         return MoeConfig(
             num_experts=int(hf.num_local_experts),
             top_k=int(hf.num_experts_per_tok),
             intermediate_size=int(hf.intermediate_size),
             normalize_top_k=True,
             sparse_layers=tuple(range(num_layers)),
-            biases=True,
-            clamp=ClampedSwiGLU(
-                alpha=float(getattr(hf, "swiglu_alpha", 1.702)),
-                limit=float(getattr(hf, "swiglu_limit", 7.0)),
-            ),
+            biases=gpt_oss,
+            clamp=clamp if gpt_oss else None,
         )
     if arch == "Qwen3MoeForCausalLM":  # sparse every decoder_sparse_step-th layer
         num_experts, step = int(hf.num_experts), int(hf.decoder_sparse_step)
