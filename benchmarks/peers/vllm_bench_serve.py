@@ -9,9 +9,9 @@ and runs it, unmodified but for one transport setting: every request gets a fres
 (aiohttp's `force_close`), for every server alike. llama.cpp's `llama-server` closes the
 connection after each streamed response without saying so (no `Connection: close`), so a
 client that keeps connections alive sends its next request into a closed socket and sees
-"Server disconnected" (about one request a curve point failed that way). A new loopback
-connection costs well under a millisecond, against TTFTs of tens of milliseconds. It runs
-under benchmarks/peers/vllm_env.py's environment.
+"Server disconnected" (about one request a curve point failed that way). Opening a loopback
+connection per request is a small, equal cost for every server. It runs under
+benchmarks/peers/vllm_env.py's environment.
 """
 
 from __future__ import annotations
