@@ -189,7 +189,7 @@ class EngineLoop:
                     self._abort(request_id)
                 self._refresh_load()
                 if self.cores is not None:
-                    self.cores.idle()
+                    self.cores.close()  # idle, and the mapping released
                 return
             if self._has_work():
                 self._step()

@@ -247,10 +247,6 @@ def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
         # every layer sparse; top-k always renormalized (gpt-oss's softmax over the top-k
         # logits is the same); gpt-oss's experts carry biases and its clamped SwiGLU
         gpt_oss = arch == "GptOssForCausalLM"
-        clamp = ClampedSwiGLU(
-            alpha=float(getattr(hf, "swiglu_alpha", 1.702)),
-            limit=float(getattr(hf, "swiglu_limit", 7.0)),
-        )
         return MoeConfig(
             num_experts=int(hf.num_local_experts),
             top_k=int(hf.num_experts_per_tok),
@@ -258,7 +254,12 @@ def _moe_from_hf(hf: Any, arch: str) -> MoeConfig | None:
             normalize_top_k=True,
             sparse_layers=tuple(range(num_layers)),
             biases=gpt_oss,
-            clamp=clamp if gpt_oss else None,
+            clamp=ClampedSwiGLU(
+                alpha=float(getattr(hf, "swiglu_alpha", 1.702)),
+                limit=float(getattr(hf, "swiglu_limit", 7.0)),
+            )
+            if gpt_oss
+            else None,
         )
     if arch == "Qwen3MoeForCausalLM":  # sparse every decoder_sparse_step-th layer
         num_experts, step = int(hf.num_experts), int(hf.decoder_sparse_step)
