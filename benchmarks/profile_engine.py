@@ -38,6 +38,7 @@ from benchmarks.offline.workloads import build_workload
 from benchmarks.step_size import serve
 from quire import LLM, SamplingParams
 from quire.block.tables import BlockTables
+from quire.block.window import TableLayout
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats
@@ -130,7 +131,7 @@ def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
     server.start()
     target = f"127.0.0.1:{ports.get(timeout=60)}"
 
-    def make(num_blocks: int, tables: BlockTables, window: int | None) -> RemoteBlockAllocator:
+    def make(num_blocks: int, tables: BlockTables, layout: TableLayout) -> RemoteBlockAllocator:
         return RemoteBlockAllocator(
             target,
             "profile",
@@ -140,7 +141,7 @@ def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
             config.enable_prefix_caching,
             "",
             tables,
-            sliding_window=window,
+            layout=layout,
         )
 
     engine = LLMEngine(config, allocator_factory=make)

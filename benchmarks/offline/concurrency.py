@@ -12,6 +12,8 @@ from benchmarks.offline.config import BLOCK_SIZE, CONCURRENCY_MAX_NUM_SEQS, MAX_
 from benchmarks.offline.quire_run import StepSample, run_quire
 from benchmarks.offline.workloads import Workload
 from quire import LLM
+from quire.model.attention_layout import kv_groups
+from quire.model.checkpoint import load_model_config
 
 
 def run_concurrency(
@@ -58,12 +60,23 @@ def run_concurrency(
     }
 
 
+def blocks_in_budget(model: str, budget_blocks: int, free_outside_window: bool = True) -> int:
+    """The engine's KV blocks that take the bytes of `budget_blocks` blocks of every layer's
+    KV: a hybrid model freeing outside its window has blocks of fewer layers each (KV groups,
+    quire.model.attention_layout), so more of them fit in the same memory."""
+    config = load_model_config(model)
+    groups = kv_groups(config.attention, config.num_layers, free_outside_window)
+    return budget_blocks * config.num_layers // groups.num_slots
+
+
 def budget_llm(model: str, budget_blocks: int, **engine: Any) -> LLM:
-    """An `LLM` whose KV pool is the budget and whose sequence limit never binds."""
+    """An `LLM` whose KV pool is the budget (`budget_blocks` blocks of every layer's KV, in
+    bytes) and whose sequence limit never binds."""
+    free = bool(engine.get("free_outside_window", True))
     return LLM(
         model=model,
         block_size=BLOCK_SIZE,
-        num_kv_blocks=budget_blocks,
+        num_kv_blocks=blocks_in_budget(model, budget_blocks, free),
         max_num_seqs=CONCURRENCY_MAX_NUM_SEQS,
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         **engine,

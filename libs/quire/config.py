@@ -39,9 +39,9 @@ class EngineConfig:
     enable_prefix_caching: bool = _setting(True, "share full prompt blocks by chained hash")
     free_outside_window: bool = _setting(
         True,
-        "release a running sequence's blocks that fell out of the sliding window when every "
-        "layer of the model slides through one window (Mistral); a model with a global layer "
-        "keeps every block",
+        "release a running sequence's blocks that fell out of the sliding window: every block "
+        "before it when every layer slides (Mistral); the sliding layers' blocks, in a table of "
+        "their own, when the model also has global layers (Gemma 2/3, gpt-oss)",
     )
     max_num_seqs: int = _setting(256, "most sequences running at once")
     max_num_batched_tokens: int = _setting(

@@ -108,6 +108,28 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sliding_window": 64,
         **_rope(10000.0),
     },
+    # Gemma 3-shaped: five sliding layers (a 64-token window) to one global layer, what freeing
+    # the sliding layers' blocks gains a hybrid model under a KV budget.
+    "bench-gemma3-window": {
+        **_GEMMA,
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 256,
+        "intermediate_size": 768,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "sliding_window": 64,
+        "layer_types": [*["sliding_attention"] * 5, "full_attention"],
+        "query_pre_attn_scalar": 64,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    },
     "tiny-mqa": {
         **_LLAMA,
         **_TINY_SHAPE,

@@ -9,6 +9,7 @@ import structlog
 
 from quire.block.allocator import BlockAllocator, StepAllocation
 from quire.block.tables import BlockTables
+from quire.block.window import TableLayout
 from quire.cache.paged_kv import PagedKVCache
 from quire.engine.llm_engine import AllocatorFactory
 from quire.engine.scheduler import BlockPuller
@@ -37,7 +38,7 @@ def allocator_factory(
     if settings.memory_manager == LOCAL_MEMORY_MANAGER:
         return None
 
-    def make(num_blocks: int, tables: BlockTables, sliding_window: int | None) -> BlockAllocator:
+    def make(num_blocks: int, tables: BlockTables, layout: TableLayout) -> BlockAllocator:
         return RemoteBlockAllocator(
             target=settings.memory_manager,
             executor_id=executor_id,
@@ -52,7 +53,7 @@ def allocator_factory(
             tls_ca=settings.tls_ca,
             verify_every=settings.memory_manager_verify_every,
             accepts_pulls=settings.enable_pulls,
-            sliding_window=sliding_window,
+            layout=layout,
         )
 
     return make

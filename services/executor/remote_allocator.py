@@ -52,6 +52,7 @@ import structlog
 from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocationResult
 from quire.block.restore import LiveSequenceState
 from quire.block.tables import BlockTables
+from quire.block.window import TableLayout
 from services.common import tls
 from services.common.epochs import StaleEpochError
 from services.common.wire.memory_manager import (
@@ -137,6 +138,7 @@ class RemoteBlockAllocator:
         verify_every: int = 0,
         accepts_pulls: bool = False,
         sliding_window: int | None = None,
+        layout: TableLayout | None = None,
     ) -> None:
         """`step_metadata(step)` is sent as gRPC metadata with that step's Step call (the
         executor sends the request ids the step touches, for the manager's logs).
@@ -144,7 +146,11 @@ class RemoteBlockAllocator:
         `verify_every`: check the tables' checksums every that many steps (0: never).
         `accepts_pulls`: ask the manager to offer peers' blocks (PullOffer) in steps.
         `sliding_window`: every layer's window, when the manager is to release blocks
-        outside it (quire.block.window); None keeps every block."""
+        outside it (quire.block.window); None keeps every block. `layout`: the KV groups of
+        a hybrid model's tables instead (quire.block.window.TableLayout; no pulls then)."""
+        if layout is not None and sliding_window is not None:
+            raise ValueError("pass sliding_window or layout, not both")
+        layout = layout if layout is not None else TableLayout.of(sliding_window)
         if verify_every < 0:
             raise ValueError(f"verify_every: must be >= 0, got {verify_every}")
         self.target = target
@@ -163,8 +169,10 @@ class RemoteBlockAllocator:
         self.manager_id: str | None = None  # from the last successful Register
         # The manager process registered with: pins it grants name it (PullOffer.granted_by).
         self.manager_instance: str | None = None
-        self.accepts_pulls = accepts_pulls
-        self.sliding_window = sliding_window
+        self.layout = layout
+        self.num_groups = layout.num_groups
+        self.accepts_pulls = accepts_pulls and layout.num_groups == 1
+        self.sliding_window = layout.sliding_window
         self.num_registrations = 0
         self.verify_every = verify_every
         self.num_steps = 0
@@ -281,7 +289,8 @@ class RemoteBlockAllocator:
             address=self.address,
             live_sequences=[live_to_proto(state) for state in live],
             accepts_pulls=self.accepts_pulls,
-            sliding_window=self.sliding_window,
+            sliding_window=self.sliding_window if self.num_groups == 1 else None,
+            group_windows=[w or 0 for w in self.layout.windows] if self.num_groups > 1 else [],
         )
         response = self._stub.Register(request, timeout=self.timeout_s)
         # The manager now holds exactly the executor's tables; updates apply on top of them.

@@ -105,6 +105,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
                 live,
                 request.accepts_pulls,
                 request.sliding_window if request.HasField("sliding_window") else None,
+                tuple(w or None for w in request.group_windows),
             )
         except ValueError as exc:
             await self._abort(context, "Register", grpc.StatusCode.INVALID_ARGUMENT, str(exc))
@@ -125,6 +126,7 @@ class MemoryManagerServicer(pb_grpc.MemoryManagerServicer):  # type: ignore[misc
             num_blocks=pool.manager.num_blocks,
             block_size=pool.manager.block_size,
             sliding_window=pool.manager.sliding_window,
+            kv_groups=pool.manager.num_groups,
             num_live_sequences=len(live),
             replaced_epoch=None if old is None else old.epoch,
         )

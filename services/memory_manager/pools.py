@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from quire.block.manager import BlockManager
 from quire.block.restore import LiveSequenceState
+from quire.block.window import TableLayout
 from services.common.epochs import StaleEpochError
 
 
@@ -58,9 +59,13 @@ class ExecutorPools:
         live: list[LiveSequenceState],
         accepts_pulls: bool = False,
         sliding_window: int | None = None,
+        group_windows: tuple[int | None, ...] = (),
     ) -> tuple[ExecutorPool, ExecutorPool | None]:
         """Create (or replace) the executor's pool, rebuilt from `live`; with
-        `sliding_window`, it releases blocks outside every layer's window (quire.block.window).
+        `sliding_window`, it releases blocks outside every layer's window (quire.block.window);
+        with `group_windows` (a window per KV group, None for a global one), its tables hold
+        every group's entry of each logical block and only the sliding groups' are released
+        (no pulls to or from such a pool: a pull moves one entry per logical block).
 
         Returns the new pool and the one it replaced. Nothing changes on error.
         """
@@ -76,8 +81,12 @@ class ExecutorPools:
                 f"executor {executor_id!r}: epoch {epoch} is older than "
                 f"the registered epoch {old.epoch}"
             )
-        manager = BlockManager(num_blocks, block_size, enable_prefix_caching, sliding_window)
+        layout = TableLayout(group_windows) if group_windows else None
+        manager = BlockManager(
+            num_blocks, block_size, enable_prefix_caching, sliding_window, layout=layout
+        )
         manager.restore(live)  # ValueError: the old state stays
+        accepts_pulls = accepts_pulls and manager.num_groups == 1
         pool = ExecutorPool(executor_id, epoch, address, manager, accepts_pulls)
         self._pools[executor_id] = pool
         return pool, old

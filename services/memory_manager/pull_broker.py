@@ -96,6 +96,7 @@ class PullBroker:
             if p.executor_id != destination.executor_id
             and p.manager.block_size == block_size
             and p.manager.enable_prefix_caching
+            and p.manager.num_groups == 1
         ]
         if not peers:
             return

@@ -16,6 +16,7 @@ from quire.block.allocator import (
 from quire.block.hashing import (
     HASH_SIZE,
     extend_block_hashes,
+    group_block_hash,
     hash_block,
     hash_full_blocks,
 )
@@ -23,7 +24,7 @@ from quire.block.manager import BlockManager, LocalBlockAllocator
 from quire.block.pool import BlockPool, BlockState
 from quire.block.restore import LiveSequenceState
 from quire.block.tables import BlockTables, TableDriftError, table_checksum
-from quire.block.window import RELEASED_BLOCK, first_needed_block
+from quire.block.window import RELEASED_BLOCK, TableLayout, first_needed_block
 
 __all__ = [
     "HASH_SIZE",
@@ -43,9 +44,11 @@ __all__ = [
     "StepAllocation",
     "StepAllocationResult",
     "TableDriftError",
+    "TableLayout",
     "TableUpdate",
     "extend_block_hashes",
     "first_needed_block",
+    "group_block_hash",
     "hash_block",
     "hash_full_blocks",
     "table_checksum",

@@ -8,7 +8,8 @@ entirely: the scheduler re-admits them later with all their tokens.
 
 Writing into a shared partial last block (after a fork) copies it first; once
 only one owner is left, that owner writes in place, so forking a partial block
-n ways costs n - 1 copies.
+n ways costs n - 1 copies. With several KV groups (quire.block.window.TableLayout) a
+logical block is one entry per group: each group's entry is copied on its own.
 
 Copies run before the forward pass, possibly all at once in one kernel, so no
 block may be both a source and a destination in one step. The only way a copy
@@ -23,9 +24,10 @@ from quire.block.allocator import AppendRequest, StepAllocationResult
 from quire.block.pool import BlockPool
 from quire.block.sequence_state import SequenceState, cdiv
 
-# seq_id -> (table length, last block id) before this step touched it; None for a table
-# that is new this step (admitted or forked). The step's `TableUpdate`s come from it.
-Touched = dict[str, tuple[int, int] | None]
+# seq_id -> (table length, the last logical block's entries) before this step touched it;
+# None for a table that is new this step (admitted or forked). The step's `TableUpdate`s
+# come from it.
+Touched = dict[str, tuple[int, tuple[int, ...]] | None]
 
 
 class AppendPhase:
@@ -38,8 +40,10 @@ class AppendPhase:
         block_size: int,
         result: StepAllocationResult,
         touched: Touched,
+        num_groups: int = 1,
     ) -> None:
         self.pool = pool
+        self.num_groups = num_groups
         self.seqs = seqs
         self.block_size = block_size
         self.result = result
@@ -71,32 +75,35 @@ class AppendPhase:
         if num_new == 0:
             return 0
         num_tokens = len(seq.token_ids)
-        num_needed = cdiv(num_tokens + num_new, self.block_size) - len(seq.block_table)
-        if num_tokens % self.block_size and self.pool.refcount(seq.block_table[-1]) > 1:
-            num_needed += 1  # copy-on-write of the shared partial last block
+        groups = self.num_groups
+        num_needed = groups * cdiv(num_tokens + num_new, self.block_size) - len(seq.block_table)
+        if num_tokens % self.block_size:
+            # copy-on-write of the shared partial last block's entries
+            num_needed += sum(self.pool.refcount(b) > 1 for b in seq.block_table[-groups:])
         return num_needed
 
     def _append(self, seq_id: str, seq: SequenceState, token_ids: tuple[int, ...]) -> None:
         if not token_ids:
             return
+        groups = self.num_groups
+        table = seq.block_table
         if seq_id not in self.touched:
-            self.touched[seq_id] = (len(seq.block_table), seq.block_table[-1])
+            self.touched[seq_id] = (len(table), tuple(table[-groups:]))
         if len(seq.token_ids) % self.block_size:
-            last = seq.block_table[-1]
-            if self.pool.refcount(last) > 1:
-                copy = self._allocate()
-                self.result.copies.append((last, copy))
-                self._copies_from.setdefault(last, []).append(
-                    (seq_id, len(seq.block_table) - 1, copy)
+            for index in range(len(table) - groups, len(table)):
+                last = table[index]
+                if self.pool.refcount(last) > 1:
+                    copy = self._allocate()
+                    self.result.copies.append((last, copy))
+                    self._copies_from.setdefault(last, []).append((seq_id, index, copy))
+                    self.pool.release(last)
+                    table[index] = copy
+                assert self.pool.block_hash(table[index]) is None, (
+                    f"writing into registered block {table[index]}"
                 )
-                self.pool.release(last)
-                seq.block_table[-1] = copy
-            assert self.pool.block_hash(seq.block_table[-1]) is None, (
-                f"writing into registered block {seq.block_table[-1]}"
-            )
         seq.token_ids.extend(token_ids)
-        for _ in range(cdiv(len(seq.token_ids), self.block_size) - len(seq.block_table)):
-            seq.block_table.append(self._allocate())
+        for _ in range(groups * cdiv(len(seq.token_ids), self.block_size) - len(table)):
+            table.append(self._allocate())
 
     def _preempt(self, seq_id: str) -> None:
         seq = self.seqs.pop(seq_id)

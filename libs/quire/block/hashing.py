@@ -84,6 +84,19 @@ def extend_block_hashes(
     return block_hashes
 
 
+def group_block_hash(block_hash: bytes, group: int) -> bytes:
+    """The prefix-index key of KV group `group`'s block for the logical block hashed
+    `block_hash` (quire.block.window.TableLayout): the hash itself for group 0, so routers
+    that know nothing of groups look up the same keys; blake2b over it and the group's
+    index (little-endian uint32) for the others."""
+    if group == 0:
+        return block_hash
+    hasher = hashlib.blake2b(digest_size=HASH_SIZE)
+    hasher.update(block_hash)
+    hasher.update(_LENGTH.pack(group))
+    return hasher.digest()
+
+
 def hash_full_blocks(token_ids: Sequence[int], block_size: int, extra_key: str = "") -> list[bytes]:
     """Chained hashes of every full block of `token_ids` (a partial tail is not hashed)."""
     return extend_block_hashes([], token_ids, block_size, extra_key)

@@ -9,7 +9,11 @@ malformed one raises ValueError and changes nothing.
 With a `sliding_window` (every layer of the model slides through it), a commit of c
 computed tokens also releases the sequence's table entries below the first block a later
 token can read (quire.block.window): their slots hold `RELEASED_BLOCK`, one `TableUpdate`
-from the first released slot tells the caller, and full blocks stay cached by hash.
+from the first released slot tells the caller, and full blocks stay cached by hash. With a
+`layout` of several KV groups (a hybrid model), each sequence's flat table holds one entry
+per group per logical block, and only the sliding groups' entries are released; a prefix hit
+needs every group's block of each logical block it covers (group g's indexed under
+`group_block_hash(hash, g)`).
 
 For a memory-manager service: `restore()` rebuilds an empty manager from an
 executor's live sequences (see quire.block.restore), and `drain_index_events()`
@@ -32,13 +36,13 @@ from quire.block.allocator import (
     TableUpdate,
 )
 from quire.block.appends import AppendPhase, Touched
-from quire.block.hashing import extend_block_hashes
+from quire.block.hashing import extend_block_hashes, group_block_hash
 from quire.block.pool import BlockPool
 from quire.block.restore import LiveSequenceState, validate_live_sequences
-from quire.block.sequence_state import SequenceState, cdiv
+from quire.block.sequence_state import SequenceState
 from quire.block.tables import named_seq_ids, table_checksum
 from quire.block.validation import validate_step
-from quire.block.window import RELEASED_BLOCK, first_needed_block, num_released
+from quire.block.window import RELEASED_BLOCK, TableLayout, first_needed_block
 
 
 class BlockManager:
@@ -50,17 +54,22 @@ class BlockManager:
         block_size: int = 16,
         enable_prefix_caching: bool = True,
         sliding_window: int | None = None,
+        layout: TableLayout | None = None,
     ) -> None:
+        """`sliding_window`: every layer's window (one group); `layout`: the KV groups of a
+        hybrid model instead (not both)."""
         if block_size < 1:
             raise ValueError(f"block_size: must be >= 1, got {block_size}")
-        if sliding_window is not None and sliding_window < 1:
-            raise ValueError(f"sliding_window: must be >= 1, got {sliding_window}")
+        if layout is not None and sliding_window is not None:
+            raise ValueError("pass sliding_window or layout, not both")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        # Every layer's window in tokens: blocks before a sequence's window are released on
-        # commit. None: every block of a sequence is kept while it runs.
-        self.sliding_window = sliding_window
+        self.layout = layout if layout is not None else TableLayout.of(sliding_window)
+        self.num_groups = self.layout.num_groups
+        # The sliding groups' window in tokens: their blocks before a sequence's window are
+        # released on commit. None: every block of a sequence is kept while it runs.
+        self.sliding_window = self.layout.sliding_window
         self.pool = BlockPool(num_blocks)
         self._seqs: dict[str, SequenceState] = {}
         self._num_queries = 0
@@ -147,9 +156,7 @@ class BlockManager:
         """
         if self._seqs or self.pool.num_used_blocks or self.pool.indexed_hashes():
             raise ValueError("restore: the manager is not empty")
-        all_hashes = validate_live_sequences(
-            live, self.num_blocks, self.block_size, self.sliding_window
-        )
+        all_hashes = validate_live_sequences(live, self.num_blocks, self.block_size, self.layout)
         for state, hashes in zip(live, all_hashes, strict=True):
             num_registered = 0
             if self.enable_prefix_caching:
@@ -160,12 +167,13 @@ class BlockManager:
                 block_table=list(state.block_table),
                 block_hashes=hashes if self.enable_prefix_caching else [],
                 num_registered_blocks=num_registered,
-                num_released_blocks=num_released(state.block_table),
+                num_released_blocks=self.layout.num_released(
+                    state.block_table, len(state.token_ids), self.block_size
+                ),
             )
             for block_id in seq.present_blocks():
                 self.pool.touch(block_id)
-            for index in range(seq.num_released_blocks, num_registered):
-                self.pool.register(seq.block_table[index], hashes[index])
+            self._register_entries(seq, 0, num_registered)
             self._seqs[state.seq_id] = seq
 
     # ------------------------------------------------------------------- step
@@ -183,7 +191,9 @@ class BlockManager:
             self._commit(commit, released)
         for seq_id in request.frees:
             self._release_seq(seq_id)
-        AppendPhase(self.pool, self._seqs, self.block_size, result, touched).run(request.appends)
+        AppendPhase(self.pool, self._seqs, self.block_size, result, touched, self.num_groups).run(
+            request.appends
+        )
         self._num_copies += len(result.copies)
         self._num_preemptions += len(result.preempted)
         if result.preempted:
@@ -216,14 +226,16 @@ class BlockManager:
             if seq is None:
                 continue  # freed or preempted after it was touched
             table = seq.block_table
-            before = touched.get(seq_id, (len(table), table[-1]))
+            before = touched.get(seq_id, (len(table), tuple(table[-self.num_groups :])))
             if before is None:
                 result.table_updates[seq_id] = TableUpdate(0, tuple(table))
                 continue
-            # Appends change at most the last block (copy-on-write) and add blocks after it;
-            # a commit may release slots from `released[seq_id]` on.
+            # Appends change at most the last logical block's entries (copy-on-write) and
+            # add entries after them; a commit may release slots from `released[seq_id]` on.
             old_len, old_last = before
-            start = old_len if table[old_len - 1] == old_last else old_len - 1
+            start = old_len - len(old_last)
+            while start < old_len and table[start] == old_last[start - old_len + len(old_last)]:
+                start += 1
             start = min(start, released.get(seq_id, start))
             if start < len(table):
                 result.table_updates[seq_id] = TableUpdate(start, tuple(table[start:]))
@@ -245,26 +257,37 @@ class BlockManager:
         if num_full <= seq.num_registered_blocks:
             return
         extend_block_hashes(seq.block_hashes, seq.token_ids, self.block_size, seq.extra_key)
-        for index in range(seq.num_registered_blocks, num_full):
-            if index >= seq.num_released_blocks:  # a released block keeps its hash
-                self.pool.register(seq.block_table[index], seq.block_hashes[index])
+        self._register_entries(seq, seq.num_registered_blocks, num_full)
         seq.num_registered_blocks = num_full
+
+    def _register_entries(self, seq: SequenceState, first: int, end: int) -> None:
+        """Index every group's block of logical blocks first .. end - 1 under its hash (a
+        released block keeps the hash it was registered with)."""
+        groups = self.num_groups
+        for block in range(first, end):
+            for group in range(groups):
+                block_id = seq.block_table[block * groups + group]
+                if block_id != RELEASED_BLOCK:
+                    block_hash = group_block_hash(seq.block_hashes[block], group)
+                    self.pool.register(block_id, block_hash)
 
     def _release_outside_window(
         self, commit: CommitRequest, seq: SequenceState, released: dict[str, int]
     ) -> None:
-        """Release the blocks no token after the committed ones reads (registered ones stay
-        cached), latest first: the leading blocks a prefix hit needs are evicted last."""
+        """Release the sliding groups' blocks no token after the committed ones reads
+        (registered ones stay cached), latest first: the leading blocks a prefix hit needs
+        are evicted last."""
         assert self.sliding_window is not None
         end = first_needed_block(commit.num_computed_tokens, self.sliding_window, self.block_size)
         start = seq.num_released_blocks
         if end <= start:
             return
-        for index in reversed(range(start, end)):
+        slots = self.layout.released_slots(start, end)
+        for index in slots:
             self.pool.release(seq.block_table[index])
             seq.block_table[index] = RELEASED_BLOCK
         seq.num_released_blocks = end
-        released.setdefault(commit.seq_id, start)
+        released.setdefault(commit.seq_id, min(slots))
 
     def _fork(self, fork: ForkRequest) -> None:
         child = self._seqs[fork.parent_seq_id].fork()
@@ -285,12 +308,8 @@ class BlockManager:
             max_hit_blocks = (len(token_ids) - 1) // self.block_size
             if admit.skip_prefix_cache:
                 max_hit_blocks = 0
-            for block_hash in block_hashes[:max_hit_blocks]:
-                block_id = self.pool.lookup(block_hash)
-                if block_id is None:
-                    break
-                hit_blocks.append(block_id)
-        num_fresh = cdiv(len(token_ids), self.block_size) - len(hit_blocks)
+            hit_blocks = self._lookup_prefix(block_hashes[:max_hit_blocks])
+        num_fresh = self.layout.table_len(len(token_ids), self.block_size) - len(hit_blocks)
         num_hits_free = sum(1 for block_id in hit_blocks if self.pool.is_free(block_id))
         if num_hits_free + num_fresh > self.pool.num_free_blocks:
             return False
@@ -302,30 +321,40 @@ class BlockManager:
             extra_key=admit.extra_key,
             block_table=hit_blocks + [self._allocate() for _ in range(num_fresh)],
             block_hashes=block_hashes,
-            num_registered_blocks=len(hit_blocks),
+            num_registered_blocks=len(hit_blocks) // self.num_groups,
         )
         self._seqs[admit.seq_id] = seq
-        num_cached = len(hit_blocks) * self.block_size
+        num_cached = len(hit_blocks) // self.num_groups * self.block_size
         if self.enable_prefix_caching:
             self._num_queries += len(token_ids)
             self._num_hits += num_cached
         result.num_cached_tokens[admit.seq_id] = num_cached
         return True
 
+    def _lookup_prefix(self, block_hashes: Sequence[bytes]) -> list[int]:
+        """The indexed blocks of the leading run of logical blocks `block_hashes` whose every
+        group's block is indexed here: flat table entries, in table order."""
+        found: list[int] = []
+        for block_hash in block_hashes:
+            ids = [
+                self.pool.lookup(group_block_hash(block_hash, g)) for g in range(self.num_groups)
+            ]
+            if None in ids:
+                break
+            found.extend(ids)  # type: ignore[arg-type]
+        return found
+
     # ------------------------------------------------------------------- pins
 
     def pin(self, block_hashes: Sequence[bytes]) -> list[int]:
         """Reference the blocks indexed under the leading run of `block_hashes` (up to the
-        first hash not indexed here), so that they are neither evicted nor reused until
-        `unpin`: a peer can copy their KV meanwhile. Returns their ids, in order."""
-        pinned = []
-        for block_hash in block_hashes:
-            block_id = self.pool.lookup(block_hash)
-            if block_id is None:
-                break
+        first logical block not wholly indexed here), so that they are neither evicted nor
+        reused until `unpin`: a peer can copy their KV meanwhile. Returns their ids, as flat
+        table entries (every group's block of each logical block), in order."""
+        pinned = self._lookup_prefix(block_hashes)
+        for block_id in pinned:
             self.pool.touch(block_id)
             self._pinned[block_id] += 1
-            pinned.append(block_id)
         return pinned
 
     def unpin(self, block_ids: Sequence[int]) -> None:
@@ -366,7 +395,7 @@ class BlockManager:
         self.pool.check_integrity(counters=False)
         references = [0] * self.num_blocks
         for seq_id, seq in self._seqs.items():
-            expected = cdiv(len(seq.token_ids), self.block_size)
+            expected = self.layout.table_len(len(seq.token_ids), self.block_size)
             if len(seq.block_table) != expected:
                 raise AssertionError(
                     f"seq {seq_id!r}: {len(seq.token_ids)} tokens need {expected} blocks, "
@@ -390,17 +419,15 @@ class BlockManager:
         self.pool.check_counters()
 
     def _check_released(self, seq_id: str, seq: SequenceState) -> None:
-        if num_released(seq.block_table) != seq.num_released_blocks:
+        try:
+            count = self.layout.num_released(seq.block_table, len(seq.token_ids), self.block_size)
+        except ValueError as e:
+            raise AssertionError(f"seq {seq_id!r}: {e}") from None
+        if count != seq.num_released_blocks:
             raise AssertionError(
                 f"seq {seq_id!r}: released slots are not exactly its first "
                 f"{seq.num_released_blocks}"
             )
-        if seq.num_released_blocks and (
-            self.sliding_window is None
-            or seq.num_released_blocks
-            > first_needed_block(len(seq.token_ids), self.sliding_window, self.block_size)
-        ):
-            raise AssertionError(f"seq {seq_id!r}: released blocks its window still reads")
 
     def _check_seq_hashes(self, seq_id: str, seq: SequenceState) -> None:
         num_full = len(seq.token_ids) // self.block_size
@@ -408,22 +435,24 @@ class BlockManager:
             raise AssertionError(f"seq {seq_id!r}: more registered blocks than full blocks")
         if len(seq.block_hashes) > num_full:
             raise AssertionError(f"seq {seq_id!r}: more hashes than full blocks")
-        for index, block_id in enumerate(seq.block_table):
-            if index < seq.num_released_blocks:
+        for slot, block_id in enumerate(seq.block_table):
+            if block_id == RELEASED_BLOCK:
                 continue
+            index, group = divmod(slot, self.num_groups)
             stored = self.pool.block_hash(block_id)
-            if index < seq.num_registered_blocks and stored != seq.block_hashes[index]:
+            expected = (
+                group_block_hash(seq.block_hashes[index], group)
+                if index < len(seq.block_hashes)
+                else None
+            )
+            if index < seq.num_registered_blocks and stored != expected:
                 raise AssertionError(
                     f"seq {seq_id!r}: registered block {block_id} (index {index}) "
                     "does not hold the sequence's chained hash"
                 )
             if index >= num_full and stored is not None:
                 raise AssertionError(f"seq {seq_id!r}: partial block {block_id} has a hash")
-            if (
-                stored is not None
-                and index < len(seq.block_hashes)
-                and stored != seq.block_hashes[index]
-            ):
+            if stored is not None and expected is not None and stored != expected:
                 raise AssertionError(
                     f"seq {seq_id!r}: block {block_id} (index {index}) holds a hash "
                     "that is not the sequence's"

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from quire.block.hashing import check_token_ids, hash_full_blocks
-from quire.block.sequence_state import cdiv
-from quire.block.window import first_needed_block, num_released
+from quire.block.window import RELEASED_BLOCK, TableLayout
 
 
 @dataclass(frozen=True)
@@ -31,8 +30,9 @@ class LiveSequenceState:
     seq_id: str
     # Every token that holds a KV slot (prompt + outputs appended so far).
     token_ids: tuple[int, ...]
-    # Physical block ids in logical order; len == ceil(len(token_ids) / block_size). Blocks
-    # released outside a sliding window lead it as RELEASED_BLOCK (quire.block.window).
+    # Physical block ids in logical order, one per KV group per logical block
+    # (quire.block.window.TableLayout). Sliding groups' blocks released outside the window
+    # hold RELEASED_BLOCK.
     block_table: tuple[int, ...]
     # Leading tokens whose KV is written in the cache.
     num_computed_tokens: int
@@ -44,16 +44,18 @@ def validate_live_sequences(
     live: Sequence[LiveSequenceState],
     num_blocks: int,
     block_size: int,
-    sliding_window: int | None = None,
+    layout: TableLayout | None = None,
 ) -> list[list[bytes]]:
     """Raise ValueError naming the problem unless `live` describes a consistent pool.
 
     Returns the chained hashes of every full block of each sequence (same order as
     `live`). Besides per-sequence checks (ids, token ids, table length, block ids in
-    range, computed count, released slots only leading and only before the window of
-    a manager with `sliding_window`), a block referenced by several tables must hold
-    the same content in each: same logical index and same tokens up to its end.
+    range, computed count, released slots only in the sliding groups' leading blocks before
+    the window of `layout`), a block referenced by several tables must hold the same content
+    in each: same logical index, group and tokens up to its end.
     """
+    layout = layout if layout is not None else TableLayout()
+    groups = layout.num_groups
     seen: set[str] = set()
     # block id -> (content key, seq id) of its first reference.
     owners: dict[int, tuple[tuple[object, ...], str]] = {}
@@ -76,27 +78,26 @@ def validate_live_sequences(
         if not isinstance(count, int) or not 0 <= count <= len(tokens):
             raise ValueError(f"{what}: num_computed_tokens {count!r} is not in [0, {len(tokens)}]")
         table = list(state.block_table)
-        expected = cdiv(len(tokens), block_size)
+        expected = layout.table_len(len(tokens), block_size)
         if len(table) != expected:
             raise ValueError(
                 f"{what}: {len(tokens)} tokens need {expected} blocks, block_table has {len(table)}"
             )
-        released = num_released(table)
-        if released and (
-            sliding_window is None
-            or released > first_needed_block(len(tokens), sliding_window, block_size)
-        ):
-            raise ValueError(f"{what}: {released} released slots, more than its window allows")
-        table = table[released:]
-        for block_id in table:
+        try:
+            layout.num_released(table, len(tokens), block_size)
+        except ValueError as e:
+            raise ValueError(f"{what}: {e}") from None
+        present = [(slot, b) for slot, b in enumerate(table) if b != RELEASED_BLOCK]
+        for _, block_id in present:
             if not isinstance(block_id, int) or not 0 <= block_id < num_blocks:
                 raise ValueError(f"{what}: block id {block_id!r} is not in [0, {num_blocks})")
-        if len(set(table)) != len(table):
+        if len({b for _, b in present}) != len(present):
             raise ValueError(f"{what}: a block appears twice in its block_table")
 
         hashes = hash_full_blocks(tokens, block_size, state.extra_key)
-        for index, block_id in enumerate(table, start=released):
-            content = _content_key(index, hashes, tokens, block_size, state.extra_key)
+        for slot, block_id in present:
+            index, group = divmod(slot, groups)
+            content = (group, *_content_key(index, hashes, tokens, block_size, state.extra_key))
             owner = owners.setdefault(block_id, (content, seq_id))
             if owner[0] != content:
                 raise ValueError(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# quire.block.window.RELEASED_BLOCK (that module builds on this one).
+_RELEASED_BLOCK = 0xFFFF_FFFF
+
 
 def cdiv(a: int, b: int) -> int:
     return -(a // -b)
@@ -16,14 +19,15 @@ class SequenceState:
     token_ids: list[int]
     # Mixed into the first block's hash (model id, LoRA id, ...).
     extra_key: str
-    # Physical block ids in logical order; len == ceil(len(token_ids) / block_size).
+    # Physical block ids in logical order; len == ceil(len(token_ids) / block_size) times the
+    # number of KV groups (quire.block.window.TableLayout: one entry per group per block).
     block_table: list[int] = field(default_factory=list)
     # Chained hashes of the leading full blocks (filled lazily, prefix caching only).
     block_hashes: list[bytes] = field(default_factory=list)
     # Leading blocks already registered in the prefix index.
     num_registered_blocks: int = 0
-    # Leading table slots whose blocks fell out of the sliding window and were released
-    # (they hold quire.block.window.RELEASED_BLOCK).
+    # Leading logical blocks whose sliding groups' entries fell out of the window and were
+    # released (they hold quire.block.window.RELEASED_BLOCK).
     num_released_blocks: int = 0
 
     def fork(self) -> SequenceState:
@@ -38,5 +42,7 @@ class SequenceState:
         )
 
     def present_blocks(self) -> list[int]:
-        """The blocks the table holds (the released leading slots left out)."""
-        return self.block_table[self.num_released_blocks :]
+        """The blocks the table holds (the released slots left out)."""
+        if not self.num_released_blocks:
+            return list(self.block_table)
+        return [block_id for block_id in self.block_table if block_id != _RELEASED_BLOCK]

@@ -103,10 +103,15 @@ class BlockTables:
     exactly ceil(num_tokens / block_size) blocks) and `live_sequences()`.
     """
 
-    def __init__(self, block_size: int) -> None:
+    def __init__(self, block_size: int, num_groups: int = 1) -> None:
+        """`num_groups`: KV groups, each with an entry per logical block of a table
+        (quire.block.window.TableLayout)."""
         if block_size < 1:
             raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        if num_groups < 1:
+            raise ValueError(f"num_groups: must be >= 1, got {num_groups}")
         self.block_size = block_size
+        self.num_groups = num_groups
         self._seqs: dict[str, _Granted] = {}
         # The tables of the sequences the last applied step preempted, as they were before
         # it: their blocks still hold the sequences' KV until the step's copies and forward
@@ -211,7 +216,8 @@ class BlockTables:
             table = staged.get(seq_id)
             if table is None and seq_id in self._seqs:
                 table = self._seqs[seq_id].table
-            if table is None or len(table) != -(num_tokens[seq_id] // -self.block_size):
+            expected = self.num_groups * -(num_tokens[seq_id] // -self.block_size)
+            if table is None or len(table) != expected:
                 bad.append(seq_id)
         if bad:
             raise TableDriftError(bad, "table length does not match the token count")

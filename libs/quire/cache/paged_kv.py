@@ -4,14 +4,18 @@ The model reads and writes these tensors through slot mappings and block tables;
 else that moves a block's KV goes through two methods here:
 
 - `read_blocks(block_ids)` gathers whole blocks into one contiguous buffer on the host,
-  `[num_blocks, num_layers, num_planes, block_size, num_kv_heads, head_dim]` in the cache's
-  dtype, so each block is one contiguous span (every layer's keys, then its values; an MLA
+  `[num_blocks, num_slots, num_planes, block_size, num_kv_heads, head_dim]` in the cache's
+  dtype, so each block is one contiguous span (every slot's keys, then its values; an MLA
   layer's one latent plane);
 - `write_blocks(block_ids, buffer)` scatters such a buffer into the given blocks.
 
 The interface is about block ids and bytes, not about why they move: swapping preempted
 sequences to host memory (quire.engine.swap) uses it today; pulling blocks from a peer
 executor can send the same buffers. `copy_blocks` (copy-on-write) stays on the device.
+
+A block holds `num_slots` layers' KV: every layer with the plain layout; a hybrid model's KV
+groups (quire.model.attention_layout.KVGroups) share the slots, each layer reading and
+writing its slot of its own group's blocks.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import torch
 
 import quire.kernels as kernels
 from quire.model.attention import KVCache
+from quire.model.attention_layout import KVGroups
 from quire.model.model_config import ModelConfig
 
 
@@ -53,13 +58,18 @@ def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
     return config.num_layers * layer_cache_shape(config).elements_per_token * elem
 
 
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    """Bytes one block takes across all layers, keys and values."""
-    return block_size * kv_bytes_per_token(config, dtype)
+def kv_bytes_per_block(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, groups: KVGroups | None = None
+) -> int:
+    """Bytes one block takes: every layer's keys and values, or `groups.num_slots` layers'."""
+    if groups is None or not groups.is_grouped:
+        return block_size * kv_bytes_per_token(config, dtype)
+    elem = torch.empty(0, dtype=dtype).element_size()
+    return block_size * groups.num_slots * layer_cache_shape(config).elements_per_token * elem
 
 
 class PagedKVCache:
-    """Every layer's blocks, per plane (key and value; MLA: the latent):
+    """Every slot's blocks, per plane (key and value; MLA: the latent):
     `[num_blocks, block_size, num_kv_heads, head_dim]` each."""
 
     def __init__(
@@ -69,21 +79,25 @@ class PagedKVCache:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        groups: KVGroups | None = None,
     ) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
         self.device = device
+        self.groups = groups if groups is not None else KVGroups.single(config.num_layers)
         layer = layer_cache_shape(config)
         shape = (num_blocks, block_size, layer.num_heads, layer.head_dim)
         # Zeroed, not empty: never-written slots must not hold NaNs a masked kernel could touch.
-        self.layers: list[KVCache] = [
+        self.slots: list[KVCache] = [
             tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer.num_planes))
-            for _ in range(config.num_layers)
+            for _ in range(self.groups.num_slots)
         ]
-        # One block in a host buffer: [num_layers, num_planes, block_size, heads, head_dim].
-        self.block_shape = (config.num_layers, layer.num_planes, *shape[1:])
-        self.bytes_per_block = kv_bytes_per_block(config, block_size, dtype)
+        # Per layer, the slot it reads and writes (through its group's block tables).
+        self.layers: list[KVCache] = [self.slots[slot] for slot in self.groups.layer_slots]
+        # One block in a host buffer: [num_slots, num_planes, block_size, heads, head_dim].
+        self.block_shape = (self.groups.num_slots, layer.num_planes, *shape[1:])
+        self.bytes_per_block = kv_bytes_per_block(config, block_size, dtype, self.groups)
 
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Copy whole blocks on the device, `(src, dst)` pairs (copy-on-write)."""
@@ -92,23 +106,23 @@ class PagedKVCache:
         mapping = torch.tensor(copies, dtype=torch.int64, device=self.device)
         # An MLA layer's one plane goes as its key and its value: copied twice, and copies
         # are rare (the partial block of an n > 1 fork).
-        keys, values = [planes[0] for planes in self.layers], [p[-1] for p in self.layers]
+        keys, values = [planes[0] for planes in self.slots], [p[-1] for p in self.slots]
         kernels.copy_blocks(keys, values, mapping)
 
     def read_blocks(self, block_ids: Sequence[int]) -> torch.Tensor:
         """The KV of `block_ids`, in that order, as one contiguous host buffer.
 
-        Returns `[len(block_ids), num_layers, num_planes, block_size, heads, head_dim]` on the
+        Returns `[len(block_ids), num_slots, num_planes, block_size, heads, head_dim]` on the
         CPU (pinned when the cache is on CUDA); row i is block_ids[i]'s bytes, bit for bit.
         """
         self._check_ids(block_ids)
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
-        # gathered: [n, num_layers, num_planes, block_size, heads, head_dim] on the device,
-        # each layer's rows selected straight into it (no per-layer temporaries to stack)
+        # gathered: [n, num_slots, num_planes, block_size, heads, head_dim] on the device,
+        # each slot's rows selected straight into it (no per-slot temporaries to stack)
         gathered = torch.empty(
             (len(block_ids), *self.block_shape), dtype=self.dtype, device=self.device
         )
-        for layer, planes in enumerate(self.layers):
+        for layer, planes in enumerate(self.slots):
             for plane, cache in enumerate(planes):
                 torch.index_select(cache, 0, ids, out=gathered[:, layer, plane])
         if self.device.type == "cpu":
@@ -130,7 +144,7 @@ class PagedKVCache:
             return
         ids = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
         data = buffer.to(self.device, non_blocking=buffer.is_pinned())
-        for layer, planes in enumerate(self.layers):
+        for layer, planes in enumerate(self.slots):
             for plane, cache in enumerate(planes):
                 cache.index_copy_(0, ids, data[:, layer, plane])
 

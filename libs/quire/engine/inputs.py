@@ -31,15 +31,20 @@ def tokenize_prompt(
 
 
 def check_prompt_fits(
-    num_prompt_tokens: int, max_model_len: int, block_size: int, allocator: BlockAllocator
+    num_prompt_tokens: int,
+    max_model_len: int,
+    block_size: int,
+    allocator: BlockAllocator,
+    num_groups: int = 1,
 ) -> None:
-    """ValueError unless the prompt leaves room to generate and fits the KV pool at all."""
+    """ValueError unless the prompt leaves room to generate and fits the KV pool at all
+    (`num_groups` blocks per block of tokens: quire.block.window.TableLayout)."""
     if num_prompt_tokens >= max_model_len:
         raise ValueError(
             f"prompt has {num_prompt_tokens} tokens; the model's context is {max_model_len} "
             "tokens and at least one must be left to generate"
         )
-    blocks = -(-(num_prompt_tokens + 1) // block_size)
+    blocks = num_groups * -(-(num_prompt_tokens + 1) // block_size)
     if blocks > allocator.num_blocks:
         raise ValueError(
             f"prompt needs {blocks} KV blocks but the cache holds {allocator.num_blocks}"

@@ -18,6 +18,7 @@ from pathlib import Path
 from quire.block.allocator import BlockAllocator
 from quire.block.manager import BlockManager
 from quire.block.tables import BlockTables
+from quire.block.window import TableLayout
 from quire.cache.block_transfer import PullStats, snapshot
 from quire.cache.host_pool import HostBlockPool
 from quire.cache.paged_kv import PagedKVCache
@@ -38,12 +39,13 @@ from quire.engine.sequence import Request, Sequence
 from quire.engine.stats import NO_SWAP, EngineStats, StepStats, step_stats
 from quire.engine.swap import KVSwapper
 from quire.engine.update import StopRules, finished_delta, request_delta, update_from_output
+from quire.model.attention_layout import KVGroups, kv_groups
 from quire.outputs import RequestDelta, SequenceDelta
 from quire.sampling_params import SamplingParams
 
 # (pool size in blocks, the model runner's block tables, the window every layer slides
 # through when blocks outside it are to be released, else None) -> the engine's allocator
-AllocatorFactory = Callable[[int, BlockTables, int | None], BlockAllocator]
+AllocatorFactory = Callable[[int, BlockTables, TableLayout], BlockAllocator]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,12 +68,15 @@ class LLMEngine:
     ) -> None:
         """Load the model and size the KV pool.
 
-        `allocator` is used as given; otherwise `allocator_factory(num_blocks, tables,
-        sliding_window)` builds one once the pool is sized (a remote allocator must know its
-        size before the engine starts, and re-registers from the model runner's `tables`);
-        otherwise an in-process `BlockManager`. `sliding_window` is the model's window when
-        every layer slides and `free_outside_window` is on (the allocator releases blocks
-        outside it), else None. `puller_factory(kv_cache)` builds what copies blocks a peer
+        `allocator` is used as given (every block kept in one table per sequence);
+        otherwise `allocator_factory(num_blocks, tables, layout)` builds one once the pool is
+        sized (a remote allocator must know its size before the engine starts, and
+        re-registers from the model runner's `tables`); otherwise an in-process
+        `BlockManager`. `layout` (quire.block.window.TableLayout) is what the allocator
+        releases with `free_outside_window` on: one group and its window when every layer
+        slides, a table entry per KV group when the model mixes sliding and global layers
+        (`quire.model.attention_layout.kv_groups`), one group keeping every block otherwise.
+        `puller_factory(kv_cache)` builds what copies blocks a peer
         holds into this engine's cache when the allocator offers them (none: offers are
         declined and those blocks computed).
         """
@@ -82,20 +87,26 @@ class LLMEngine:
         path, self.device, self.dtype = loaded.path, loaded.device, loaded.dtype
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.max_model_len, self.eos_token_ids = loaded.max_model_len, loaded.eos_token_ids
-        num_blocks = num_kv_blocks(config, loaded) if allocator is None else allocator.num_blocks
+        model_config = self.model.config
+        groups = kv_groups(
+            model_config.attention, model_config.num_layers, config.free_outside_window
+        )
+        if groups.is_grouped and allocator is not None:
+            groups = KVGroups.single(model_config.num_layers)  # a given allocator's own tables
+        num_blocks = (
+            num_kv_blocks(config, loaded, groups) if allocator is None else allocator.num_blocks
+        )
         # The KV tensors hold exactly the blocks the allocator hands out; the runner holds
         # the block tables that index them.
         self.runner = ModelRunner(
-            self.model, num_blocks, config.block_size, self.dtype, self.device
+            self.model, num_blocks, config.block_size, self.dtype, self.device, groups
         )
-        model_config = self.model.config
-        window = model_config.attention.freeable_window(model_config.num_layers)
-        window = window if config.free_outside_window else None
+        layout = TableLayout(groups.windows)
         if allocator is None and allocator_factory is not None:
-            allocator = allocator_factory(num_blocks, self.runner.tables, window)
+            allocator = allocator_factory(num_blocks, self.runner.tables, layout)
         elif allocator is None:
             allocator = BlockManager(
-                num_blocks, config.block_size, config.enable_prefix_caching, window
+                num_blocks, config.block_size, config.enable_prefix_caching, layout=layout
             )
         self.allocator = allocator
         extra_key = str(path.name)
@@ -153,7 +164,11 @@ class LLMEngine:
             continuation.check(params, len(ids), self.max_model_len, vocab_size)
             output_ids, index = list(continuation.token_ids), continuation.output_index
         check_prompt_fits(
-            len(ids) + len(output_ids), self.max_model_len, self.config.block_size, self.allocator
+            len(ids) + len(output_ids),
+            self.max_model_len,
+            self.config.block_size,
+            self.allocator,
+            self.runner.groups.num_groups,
         )
         if params.structured is not None:
             self.structured_outputs().compile(params.structured)  # ValueError if it cannot

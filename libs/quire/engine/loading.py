@@ -12,6 +12,7 @@ import torch
 
 from quire.cache.paged_kv import kv_bytes_per_block
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
+from quire.model.attention_layout import KVGroups
 from quire.model.checkpoint import load_tokenizer, resolve_model_path
 from quire.model.decoder import DecoderModel
 from quire.model.loader import build_model, load_checkpoint
@@ -59,18 +60,20 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     )
 
 
-def num_kv_blocks(config: EngineConfig, loaded: LoadedModel) -> int:
-    """Blocks in the KV pool: as configured, else what the memory budget holds (capped)."""
+def num_kv_blocks(config: EngineConfig, loaded: LoadedModel, groups: KVGroups | None = None) -> int:
+    """Blocks in the KV pool: as configured, else what the memory budget holds (capped); a
+    block holds `groups.num_slots` layers' KV (quire.model.attention_layout.KVGroups)."""
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
-    per_block = kv_bytes_per_block(loaded.config, config.block_size, loaded.dtype)
+    num_groups = 1 if groups is None else groups.num_groups
+    per_block = kv_bytes_per_block(loaded.config, config.block_size, loaded.dtype, groups)
     if loaded.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(loaded.device)
         budget = int(free * DEFAULT_GPU_MEMORY_UTILIZATION)
     else:
         budget = DEFAULT_CPU_KV_CACHE_BYTES
     # No point holding more than every running sequence at full length could use.
-    blocks_needed = config.max_num_seqs * -(-loaded.max_model_len // config.block_size)
+    blocks_needed = num_groups * config.max_num_seqs * -(-loaded.max_model_len // config.block_size)
     return max(1, min(budget // per_block, blocks_needed))
 
 

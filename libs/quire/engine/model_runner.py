@@ -28,6 +28,7 @@ from quire.engine.sampler import SampleRow, sample
 from quire.engine.scheduler import ScheduledSeq, SchedulerOutput
 from quire.engine.sequence import Sequence
 from quire.model.attention import AttentionMetadata, KVCache
+from quire.model.attention_layout import KVGroups
 from quire.model.decoder import DecoderModel
 from quire.outputs import Logprob
 
@@ -65,7 +66,10 @@ class ModelRunner:
         block_size: int,
         dtype: torch.dtype,
         device: torch.device,
+        groups: KVGroups | None = None,
     ) -> None:
+        """`groups`: how the layers share blocks (quire.model.attention_layout); None: one
+        table, every layer in every block."""
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -73,14 +77,17 @@ class ModelRunner:
         # request (then every step asks it, and it does nothing without constrained rows).
         self.structured: StructuredOutputs | None = None
         # The physical KV blocks, and the block copy path (read/write blocks as host buffers).
-        self.kv = PagedKVCache(model.config, num_blocks, block_size, dtype, device)
+        self.kv = PagedKVCache(model.config, num_blocks, block_size, dtype, device, groups)
+        self.groups = self.kv.groups
         # The executor's one record of the block tables that index these tensors: the
-        # scheduler's allocator steps apply to it, slot mappings are built from it.
-        self.tables = BlockTables(block_size)
+        # scheduler's allocator steps apply to it, slot mappings are built from it. With
+        # several KV groups a table interleaves theirs (quire.block.window.TableLayout).
+        self.tables = BlockTables(block_size, self.groups.num_groups)
 
     @property
     def kv_caches(self) -> list[KVCache]:
-        """Per layer (key, value): `[num_blocks, block_size, num_kv_heads, head_dim]` each."""
+        """Per layer (key, value): `[num_blocks, block_size, num_kv_heads, head_dim]` each (its
+        slot's tensors: layers of different KV groups share them)."""
         return self.kv.layers
 
     def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
@@ -109,12 +116,14 @@ class ModelRunner:
         self.kv.copy_blocks(step.copies)
         input_ids: list[int] = []
         positions: list[int] = []
-        slots: list[int] = []
+        num_groups = self.groups.num_groups
+        # per KV group: the slot of every new token, and each sequence's table
+        slots: list[list[int]] = [[] for _ in range(num_groups)]
+        row_tables: list[list[list[int]]] = [[] for _ in range(num_groups)]
         cu_query_lens = [0]
         context_lens: list[int] = []
         sample_rows: list[int] = []
         spans: list[PromptSpan] = []
-        row_tables: list[list[int]] = []
         bs = self.block_size
         for s in step.scheduled:
             if (span := prompt_span(s, cu_query_lens[-1])) is not None:
@@ -122,26 +131,38 @@ class ModelRunner:
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
             input_ids.extend(s.seq.token_ids[start:end])
             positions.extend(range(start, end))
-            table = self.tables.get(s.seq.seq_id)
-            row_tables.append(kernel_table(table))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            flat = self.tables.get(s.seq.seq_id)
+            for group in range(num_groups):
+                table = flat[group::num_groups] if num_groups > 1 else flat
+                row_tables[group].append(kernel_table(table))
+                slots[group].extend(table[p // bs] * bs + p % bs for p in range(start, end))
             cu_query_lens.append(cu_query_lens[-1] + s.num_new_tokens)
             context_lens.append(end)
             if s.samples:
                 sample_rows.append(cu_query_lens[-1] - 1)
-        max_blocks = max(len(table) for table in row_tables)
-        tables = [table + [0] * (max_blocks - len(table)) for table in row_tables]
 
         def t(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
-        meta = AttentionMetadata(
-            slot_mapping=t(slots, torch.int64),
-            block_tables=t(tables, torch.int32),
-            context_lens=t(context_lens, torch.int32),
-            cu_query_lens=t(cu_query_lens, torch.int32),
-            is_decode_only=all(s.num_new_tokens == 1 for s in step.scheduled),
-        )
+        context = t(context_lens, torch.int32)
+        cu_query = t(cu_query_lens, torch.int32)
+        decode_only = all(s.num_new_tokens == 1 for s in step.scheduled)
+        metas = []
+        for group in range(num_groups):
+            max_blocks = max(len(table) for table in row_tables[group])
+            tables = [table + [0] * (max_blocks - len(table)) for table in row_tables[group]]
+            metas.append(
+                AttentionMetadata(
+                    slot_mapping=t(slots[group], torch.int64),
+                    block_tables=t(tables, torch.int32),
+                    context_lens=context,
+                    cu_query_lens=cu_query,
+                    is_decode_only=decode_only,
+                )
+            )
+        meta = metas[0]
+        if num_groups > 1:
+            meta.layer_metas = [metas[group] for group in self.groups.layer_groups]
         hidden = self.model.forward(
             t(input_ids, torch.int64), t(positions, torch.int64), self.kv_caches, meta
         )

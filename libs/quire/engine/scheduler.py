@@ -258,11 +258,13 @@ class Scheduler:
             allocator_s=time.perf_counter() - started,
         )
         by_id = {s.seq_id: s for s in self.running}
-        block_size = self.allocator.block_size
+        block_size, num_groups = self.allocator.block_size, self.tables.num_groups
         for seq_id in result.preempted:
             seq = by_id[seq_id]
             table = self.tables.preempted_tables[seq_id]
-            out.preempted_blocks[seq_id] = table[: seq.num_computed_tokens // block_size]
+            out.preempted_blocks[seq_id] = table[
+                : num_groups * (seq.num_computed_tokens // block_size)
+            ]
             self.running.remove(seq)
             self._requeue(seq)
             out.preempted.append(seq)

@@ -20,6 +20,10 @@ Swapping is the executor's, which owns the bytes:
 
 No admission happens in a step that preempted (quire.block.allocator), so a swap-out and a
 swap-in never meet in one step.
+
+With several KV groups (a hybrid model's tables, quire.block.window.TableLayout) a logical
+block is one table entry per group: the host pool keeps the entries of a logical block as one
+buffer under its hash, and a logical block with a released (sliding) entry is not swapped.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class KVSwapper:
 
     def __init__(self, kv: PagedKVCache, host_pool: HostBlockPool, extra_key: str) -> None:
         self.kv = kv
+        self.num_groups = kv.groups.num_groups  # table entries per logical block
         self.host_pool = host_pool
         self.extra_key = extra_key  # mixed into block hashes, as the scheduler's admits do
         # Lifetime block counts: swapped out, loaded in, missed (looked for, recomputed).
@@ -49,32 +54,37 @@ class KVSwapper:
     def swap_out(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
         """Copy a preempted sequence's full computed blocks to the host pool.
 
-        `block_ids` are its table's first blocks, every one full of computed tokens of
-        `token_ids`, whose KV is still intact (before this step's copies and forward pass);
-        slots released outside a sliding window are skipped (a resume loads the leading run
-        the host pool holds, so it recomputes from the first of them the device lost).
-        Returns the number of blocks read (those the pool held already are only touched).
+        `block_ids` are its table's first entries (every group's of each logical block), every
+        block full of computed tokens of `token_ids`, whose KV is still intact (before this
+        step's copies and forward pass); blocks with a slot released outside a sliding window
+        are skipped (a resume loads the leading run the host pool holds, so it recomputes from
+        the first of them the device lost). Returns the number of table entries read (blocks
+        the pool held already are only touched).
         """
-        if not block_ids or not self.host_pool.can_hold(self.kv.bytes_per_block):
+        groups = self.num_groups
+        if not block_ids or not self.host_pool.can_hold(groups * self.kv.bytes_per_block):
             return 0
         bs = self.kv.block_size
-        hashes = hash_full_blocks(token_ids[: len(block_ids) * bs], bs, self.extra_key)
-        assert len(hashes) == len(block_ids), "only full blocks are swapped"
+        entries = [tuple(block_ids[i : i + groups]) for i in range(0, len(block_ids), groups)]
+        hashes = hash_full_blocks(token_ids[: len(entries) * bs], bs, self.extra_key)
+        assert len(hashes) == len(entries), "only full blocks are swapped"
         wanted = [
-            (h, b)
-            for h, b in zip(hashes, block_ids, strict=True)
-            if b != RELEASED_BLOCK and not self.host_pool.touch(h)
+            (h, ids)
+            for h, ids in zip(hashes, entries, strict=True)
+            if RELEASED_BLOCK not in ids and not self.host_pool.touch(h)
         ]
         if not wanted:
             return 0
-        # buffer: [len(wanted), num_layers, 2, block_size, num_kv_heads, head_dim] on the host
-        buffer = self.kv.read_blocks([b for _, b in wanted])
+        # buffer: [len(wanted), groups, num_slots, planes, block_size, heads, head_dim] on the
+        # host
+        buffer = self.kv.read_blocks([b for _, ids in wanted for b in ids])
+        buffer = buffer.view(len(wanted), groups, *buffer.shape[1:])
         # Earliest blocks put last (most recently used): a resume loads a leading run and stops
         # at the first block the pool lacks, so if this overflows the pool, the earliest stay.
         for i in reversed(range(len(wanted))):
             self.host_pool.put(wanted[i][0], buffer[i].clone())
-        self._num_out += len(wanted)
-        return len(wanted)
+        self._num_out += len(wanted) * groups
+        return len(wanted) * groups
 
     def load_prefix(
         self, token_ids: Sequence[int], block_ids: Sequence[int], num_cached_tokens: int
@@ -86,6 +96,7 @@ class KVSwapper:
         following full blocks the pool holds, stopping before the block of the last token.
         Returns the tokens loaded (a multiple of the block size; 0 if none).
         """
+        groups = self.num_groups
         bs = self.kv.block_size
         first = num_cached_tokens // bs
         assert first * bs == num_cached_tokens, "prefix hits are whole blocks"
@@ -99,11 +110,13 @@ class KVSwapper:
             if block is None:
                 break
             found.append(block)
-        self._num_missed += end - first - len(found)
+        self._num_missed += (end - first - len(found)) * groups
         if not found:
             return 0
-        self.kv.write_blocks(block_ids[first : first + len(found)], torch.stack(found))
-        self._num_in += len(found)
+        data = torch.stack(found)  # [n, groups, num_slots, ...]
+        data = data.view(len(found) * groups, *data.shape[2:])
+        self.kv.write_blocks(block_ids[first * groups : (first + len(found)) * groups], data)
+        self._num_in += len(found) * groups
         return len(found) * bs
 
     def step_stats(self) -> SwapStats:

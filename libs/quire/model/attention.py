@@ -22,10 +22,17 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # [num_seqs] int32: tokens in cache after this step's write
     cu_query_lens: torch.Tensor  # [num_seqs + 1] int32: prefix sums of per-seq new tokens
     is_decode_only: bool  # every sequence runs exactly one token
+    # Per layer, the metadata of its KV group (quire.model.attention_layout.KVGroups): its
+    # own block tables and slot mapping. None: every layer reads through this one.
+    layer_metas: list[AttentionMetadata] | None = field(default=None, repr=False)
     # sliding window (None: global) -> its layers' decode plan
     _decode_plans: dict[int | None, kernels.reference.DecodePlan | None] = field(
         default_factory=dict, repr=False
     )
+
+    def for_layer(self, layer: int) -> AttentionMetadata:
+        """What layer `layer` reads and writes through."""
+        return self if self.layer_metas is None else self.layer_metas[layer]
 
     def decode_plan(
         self, key_cache: torch.Tensor, sliding_window: int | None = None

@@ -6,8 +6,10 @@ capping, Gemma 3's sliding_window_pattern; Gemma's query_pre_attn_scalar.
 A sliding layer's token at position p attends to positions p - window + 1 .. p (transformers'
 `kv_idx > q_idx - sliding_window`); the kernels apply it per layer (quire.kernels.signatures).
 When every layer slides, blocks wholly before every window of a sequence are never read again
-and the block manager gives them back (`freeable_window`); a global layer still reads all of
-a sequence's blocks, so a hybrid model (Gemma) keeps them.
+and the block manager gives them back (`freeable_window`). A hybrid model (Gemma 2/3, gpt-oss)
+has global layers that read every block too: its layers are split into KV groups (`KVGroups`),
+each with a block table of its own, so the sliding groups' tables give back what the global
+groups' keep.
 """
 
 from __future__ import annotations
@@ -72,3 +74,87 @@ def attention_layout_from_hf(hf: Any, *, attention_soft_cap: bool) -> AttentionL
         logits_soft_cap=float(cap) if cap else None,
         query_pre_attn_scalar=float(scalar) if scalar else None,
     )
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """How a model's layers share the KV pool's blocks.
+
+    One physical block holds `num_slots` layers' worth of KV for `block_size` tokens (one
+    cache tensor per slot). Layers are split into groups of at most `num_slots` layers of one
+    kind (global, or sliding through one window); every group has a block table of its own,
+    and a group's layers each read and write their own slot of the group's blocks. A
+    sequence's flat table interleaves them: entry `j * num_groups + g` is group g's block
+    for the sequence's logical block j (`quire.block.window`).
+
+    One group (every layer in one slot each) is the plain layout. A hybrid model gets global
+    groups and sliding groups of equal size (vLLM's hybrid KV-cache manager's grouping): the
+    sliding groups' entries outside the window are released while the global ones stay.
+    When the two kinds' layer counts do not divide evenly, the last group of a kind leaves
+    slots unused (`num_padded_slots`).
+    """
+
+    windows: tuple[int | None, ...]  # per group: its layers' window; None: global layers
+    layer_groups: tuple[int, ...]  # per layer: its group
+    layer_slots: tuple[int, ...]  # per layer: its slot in a block of its group
+    num_slots: int  # layers' worth of KV one block holds
+
+    def __post_init__(self) -> None:
+        if not self.windows or self.num_slots < 1:
+            raise ValueError("KVGroups: at least one group and one slot")
+        if len(self.layer_groups) != len(self.layer_slots):
+            raise ValueError("KVGroups: a group and a slot per layer")
+        seen = set(zip(self.layer_groups, self.layer_slots, strict=True))
+        if len(seen) != len(self.layer_groups):
+            raise ValueError("KVGroups: two layers share a group's slot")
+        for group, slot in seen:
+            if not (0 <= group < len(self.windows) and 0 <= slot < self.num_slots):
+                raise ValueError(f"KVGroups: group {group} slot {slot} out of range")
+
+    @classmethod
+    def single(cls, num_layers: int, window: int | None = None) -> KVGroups:
+        """The plain layout: one table, every layer a slot of every block."""
+        return cls((window,), (0,) * num_layers, tuple(range(num_layers)), num_layers)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.windows)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_groups)
+
+    @property
+    def num_padded_slots(self) -> int:
+        """Slots no layer uses, over one block of every group."""
+        return self.num_groups * self.num_slots - self.num_layers
+
+    @property
+    def is_grouped(self) -> bool:
+        return self.num_groups > 1
+
+
+def kv_groups(layout: AttentionLayout, num_layers: int, free_outside_window: bool) -> KVGroups:
+    """The grouping a model's layers get: one group unless freeing is on and the model mixes
+    sliding and global layers; then groups of min(#global, #sliding) layers each, global
+    groups first, layers in their model order."""
+    window = layout.freeable_window(num_layers)
+    sliding = [i for i in range(num_layers) if layout.window(i) is not None]
+    if not free_outside_window or window is not None or not sliding:
+        return KVGroups.single(num_layers, window if free_outside_window else None)
+    assert layout.sliding_window is not None
+    kinds: list[tuple[int | None, list[int]]] = [
+        (None, [i for i in range(num_layers) if layout.window(i) is None]),
+        (layout.sliding_window, sliding),
+    ]
+    size = min(len(layers) for _, layers in kinds)
+    windows: list[int | None] = []
+    layer_groups = [0] * num_layers
+    layer_slots = [0] * num_layers
+    for window_of_kind, layers in kinds:
+        for start in range(0, len(layers), size):
+            for slot, layer in enumerate(layers[start : start + size]):
+                layer_groups[layer] = len(windows)
+                layer_slots[layer] = slot
+            windows.append(window_of_kind)
+    return KVGroups(tuple(windows), tuple(layer_groups), tuple(layer_slots), size)

@@ -155,7 +155,7 @@ class DecoderModel:
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if i > 0:
                 kernels.add_rms_norm_(x, residual, layer.input_norm, eps)
-            x = layer.attention(x, positions, kv_cache, meta)
+            x = layer.attention(x, positions, kv_cache, meta.for_layer(i))
             kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
             x = layer.mlp(x)
         kernels.add_rms_norm_(x, residual, self.norm, eps)

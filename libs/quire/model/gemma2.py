@@ -98,7 +98,7 @@ class Gemma2ForCausalLM(DecoderModel):
             assert isinstance(layer, SandwichLayer)
             if i > 0:
                 kernels.add_rms_norm_(x, residual, layer.input_norm, eps)
-            x = layer.attention(x, positions, kv_cache, meta)
+            x = layer.attention(x, positions, kv_cache, meta.for_layer(i))
             x = kernels.rms_norm(x, layer.post_attention_norm, eps)
             kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
             x = kernels.rms_norm(layer.mlp(x), layer.post_feedforward_norm, eps)

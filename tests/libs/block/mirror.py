@@ -22,7 +22,7 @@ def mirror_of(manager: BlockManager) -> BlockTables:
     """The caller-side tables of `manager` (seeded from its live sequences on first use)."""
     tables = _MIRRORS.get(manager)
     if tables is None:
-        tables = BlockTables(manager.block_size)
+        tables = BlockTables(manager.block_size, manager.num_groups)
         tables.reset(manager.live_sequences())
         _MIRRORS[manager] = tables
     return tables

@@ -8,7 +8,9 @@ slots, and checks that every sequence reads back its own tokens (with a sliding
 window, those its next token's window and its pending tokens need: the blocks
 before it may be released). That catches a block reused while still referenced,
 a wrong prefix hit, a block released too early, or a missed copy-on-write, on top
-of `check_integrity()` after every step.
+of `check_integrity()` after every step. With several KV groups (a hybrid model's flat
+tables) every group's block of a position holds its token, and only the sliding groups'
+blocks before the window may be released.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from quire.block import (
     ForkRequest,
     StepAllocation,
     StepAllocationResult,
+    TableLayout,
 )
 from tests.libs.block.mirror import checked_step
 
@@ -57,11 +60,20 @@ class BlockManagerMachine(RuleBasedStateMachine):
         block_size=st.sampled_from([1, 2, 4]),
         caching=st.booleans(),
         window=st.sampled_from([None, None, 1, 3, 6]),
+        num_groups=st.sampled_from([1, 1, 2, 3]),
     )
-    def setup(self, num_blocks: int, block_size: int, caching: bool, window: int | None) -> None:
-        self.m = BlockManager(num_blocks, block_size, caching, sliding_window=window)
+    def setup(
+        self, num_blocks: int, block_size: int, caching: bool, window: int | None, num_groups: int
+    ) -> None:
+        if num_groups == 1:
+            self.m = BlockManager(num_blocks, block_size, caching, sliding_window=window)
+        else:  # a global group first, then sliding ones (all global without a window)
+            layout = TableLayout((None, *[window] * (num_groups - 1)))
+            self.m = BlockManager(num_blocks * num_groups, block_size, caching, layout=layout)
+            num_blocks *= num_groups
         self.bs = block_size
-        self.window = window
+        self.groups = num_groups
+        self.windows = self.m.layout.windows
         # Simulated KV cache: the token id held in each slot of each block.
         self.kv: list[list[int | None]] = [[None] * block_size for _ in range(num_blocks)]
 
@@ -223,14 +235,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
             )
             table = self.m.block_table(seq_id)
             for pos in range(seq.num_computed, seq.num_computed + chunk):
-                block_id = table[pos // self.bs]
-                assert self.m.pool.refcount(block_id) == 1, (
-                    f"{seq_id} writes shared block {block_id}"
-                )
-                assert self.m.pool.block_hash(block_id) is None, (
-                    f"{seq_id} writes hashed block {block_id}"
-                )
-                self.kv[block_id][pos % self.bs] = seq.tokens[pos]
+                for group in range(self.groups):
+                    block_id = table[pos // self.bs * self.groups + group]
+                    assert self.m.pool.refcount(block_id) == 1, (
+                        f"{seq_id} writes shared block {block_id}"
+                    )
+                    assert self.m.pool.block_hash(block_id) is None, (
+                        f"{seq_id} writes hashed block {block_id}"
+                    )
+                    self.kv[block_id][pos % self.bs] = seq.tokens[pos]
             seq.num_computed += chunk
 
     @invariant()
@@ -238,14 +251,18 @@ class BlockManagerMachine(RuleBasedStateMachine):
         if not hasattr(self, "m"):
             return
         for seq_id, seq in self.live.items():
-            table = self.m.block_table(seq_id)
-            # The next token (at num_computed) reads from `first` on; pending tokens later.
-            first = 0 if self.window is None else max(0, seq.num_computed - self.window + 1)
-            needed = range(first // self.bs, len(table))
-            assert all(table[i] != RELEASED_BLOCK for i in needed), f"{seq_id} released early"
-            positions = range(first, seq.num_computed)
-            cached = [self.kv[table[p // self.bs]][p % self.bs] for p in positions]
-            assert cached == seq.tokens[first : seq.num_computed], f"{seq_id} reads corrupted KV"
+            flat = self.m.block_table(seq_id)
+            for group, window in enumerate(self.windows):
+                table = flat[group :: self.groups]
+                # The next token (at num_computed) reads from `first` on; pending tokens later.
+                first = 0 if window is None else max(0, seq.num_computed - window + 1)
+                needed = range(first // self.bs, len(table))
+                assert all(table[i] != RELEASED_BLOCK for i in needed), f"{seq_id} released early"
+                positions = range(first, seq.num_computed)
+                cached = [self.kv[table[p // self.bs]][p % self.bs] for p in positions]
+                assert cached == seq.tokens[first : seq.num_computed], (
+                    f"{seq_id} reads corrupted KV (group {group})"
+                )
         used = {b for s in self.live for b in self.m.block_table(s) if b != RELEASED_BLOCK}
         assert self.m.stats().num_blocks_used == len(used)
 

@@ -14,8 +14,13 @@ from __future__ import annotations
 from hypothesis import event, settings
 from hypothesis.stateful import invariant, rule
 
-from quire.block import BlockManager, LiveSequenceState, hash_full_blocks
-from quire.block.window import num_released
+from quire.block import (
+    RELEASED_BLOCK,
+    BlockManager,
+    LiveSequenceState,
+    group_block_hash,
+    hash_full_blocks,
+)
 from tests.libs.block.test_manager_properties import BlockManagerMachine
 
 
@@ -41,7 +46,7 @@ class RestoringMachine(BlockManagerMachine):
             old.num_blocks,
             old.block_size,
             old.enable_prefix_caching,
-            sliding_window=old.sliding_window,
+            layout=old.layout,
         )
         self.m.restore(live)
         self.m.check_integrity()
@@ -56,8 +61,10 @@ class RestoringMachine(BlockManagerMachine):
         if self.m.enable_prefix_caching:
             for state in live:
                 hashes = hash_full_blocks(state.token_ids, self.bs, state.extra_key)
-                held = num_released(state.block_table)
-                computed.update(hashes[held : state.num_computed_tokens // self.bs])
+                for slot, block_id in enumerate(state.block_table):
+                    index, group = divmod(slot, self.groups)
+                    if block_id != RELEASED_BLOCK and index < state.num_computed_tokens // self.bs:
+                        computed.add(group_block_hash(hashes[index], group))
         assert set(self.m.indexed_hashes()) == computed
         added, removed = self.m.drain_index_events()
         assert removed == []

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from quire import LLM, SamplingParams
+from quire.model.attention_layout import kv_groups
+from quire.model.checkpoint import load_model_config
 from tests.hardware import needs_packed_linear
 from tests.libs.engine.conftest import HFOracle, assert_matches_reference
 
@@ -91,8 +93,14 @@ def test_plain(
 def test_preemption(name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]) -> None:
     # 24 blocks of 16 tokens cannot hold all 16 prompts at once: sequences get preempted
     # (swapped out) and come back, and must still produce the reference tokens. A model whose
-    # every layer slides releases blocks outside its window as it goes: 22 blocks for it.
-    num_kv_blocks = 22 if name == "tiny-mistral-window" else 24
+    # every layer slides releases blocks outside its window as it goes: 22 blocks for it. A
+    # hybrid model has a table per KV group, its sliding groups releasing what they no longer
+    # read: 21 blocks per group.
+    config = load_model_config(model_zoo[name])
+    groups = kv_groups(config.attention, config.num_layers, free_outside_window=True)
+    num_kv_blocks = 21 * groups.num_groups if groups.is_grouped else 24
+    if name == "tiny-mistral-window":
+        num_kv_blocks = 22
     llm = LLM(
         model=str(model_zoo[name]), dtype="float32", num_kv_blocks=num_kv_blocks, max_num_seqs=16
     )

@@ -1,5 +1,7 @@
 """An all-sliding model (tiny-mistral-window: every layer attends through 24 tokens) releases
-each running sequence's blocks outside the window, and still gives transformers' tokens."""
+each running sequence's blocks outside the window, and still gives transformers' tokens; so
+do hybrid models (Gemma 2 and 3, gpt-oss) for their sliding layers' KV groups, while their
+global layers' groups keep every block."""
 
 from __future__ import annotations
 
@@ -51,10 +53,12 @@ def check_reference(tokens: list[list[int]], oracle: HFOracle, label: str) -> No
 
 class HeldBlocks:
     """After each step: the allocator's tables are the runner's, the pool's used blocks are
-    exactly the tables' present ones, and the most any decoding sequence held."""
+    exactly the tables' present ones, and the most any decoding sequence held (in all, and
+    per KV group)."""
 
     def __init__(self) -> None:
         self.most_decoding = 0
+        self.most_per_group: list[int] = []
 
     def __call__(self, engine: LLMEngine) -> None:
         manager = engine.allocator
@@ -65,10 +69,16 @@ class HeldBlocks:
             assert list(live.block_table) == manager.block_table(live.seq_id)
             present.update(b for b in live.block_table if b != RELEASED_BLOCK)
         assert manager.stats().num_blocks_used == len(present)
+        groups = engine.runner.groups.num_groups
+        self.most_per_group = self.most_per_group or [0] * groups
         for seq in engine.scheduler.running:
-            held = [b for b in engine.runner.tables.get(seq.seq_id) if b != RELEASED_BLOCK]
+            table = engine.runner.tables.get(seq.seq_id)
+            held = [b for b in table if b != RELEASED_BLOCK]
             if seq.num_computed_tokens > seq.num_prompt_tokens:
                 self.most_decoding = max(self.most_decoding, len(held))
+                for g in range(groups):
+                    count = sum(b != RELEASED_BLOCK for b in table[g::groups])
+                    self.most_per_group[g] = max(self.most_per_group[g], count)
 
 
 def test_decoding_sequences_hold_the_window_plus_one_block(
@@ -94,3 +104,34 @@ def test_preemption_with_released_blocks(
     )
     assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
     check_reference(tokens, oracles[NAME], mode)
+
+
+@pytest.mark.parametrize("name", ["tiny-gemma2", "tiny-gemma3", "tiny-gpt-oss"])
+def test_hybrid_models_sliding_groups_hold_the_window_plus_one_block(
+    name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]
+) -> None:
+    held = HeldBlocks()
+    tokens, engine = run(model_zoo[name], held, block_size=8)
+    groups = engine.runner.groups
+    assert groups.is_grouped
+    window = engine.model.config.attention.sliding_window
+    assert window is not None
+    longest = (200 + 30) // 8 + 1  # the longest sequence's blocks: what a global group holds
+    expected = [longest if w is None else window // 8 + 1 for w in groups.windows]
+    assert held.most_per_group == expected
+    check_reference(tokens, oracles[name], f"{name} freeing")
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_hybrid_preemption_with_released_blocks(
+    mode: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]
+) -> None:
+    name = "tiny-gemma3"  # one global group, three sliding ones
+    held = HeldBlocks()
+    tokens, engine = run(
+        model_zoo[name], held, num_kv_blocks=64, max_num_seqs=8, preemption_mode=mode
+    )
+    assert engine.scheduler.num_preemptions > 0, "the pool was meant to force preemption"
+    if mode == "swap":
+        assert engine.swapper is not None and engine.swapper.total_stats().num_blocks_in > 0
+    check_reference(tokens, oracles[name], f"{name} {mode}")

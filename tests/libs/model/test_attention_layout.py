@@ -12,7 +12,7 @@ from quire_tools.make_model import build_config, make_checkpoint
 from transformers import AutoConfig
 
 from quire import LLM, SamplingParams
-from quire.model.attention_layout import AttentionLayout
+from quire.model.attention_layout import AttentionLayout, KVGroups, kv_groups
 from quire.model.model_config import ModelConfig
 from tests.libs.engine.conftest import HFOracle
 
@@ -94,3 +94,36 @@ def test_each_attention_feature_changes_the_tokens(
     for layer in llm.engine.model.layers:
         setattr(layer.attention.paged, feature, None)  # type: ignore[attr-defined]
     assert _mismatches(llm, oracle, prompts) > 0, f"{name} without {feature}"
+
+
+def _layout(num_layers: int, global_layers: set[int], window: int = 16) -> AttentionLayout:
+    sliding = tuple(i for i in range(num_layers) if i not in global_layers)
+    return AttentionLayout(sliding_window=window if sliding else None, sliding_layers=sliding)
+
+
+def test_kv_groups_of_alternating_layers_are_two_groups_of_half_the_layers() -> None:
+    groups = kv_groups(_layout(4, {1, 3}), 4, free_outside_window=True)  # Gemma 2, gpt-oss
+    assert groups.windows == (None, 16)
+    assert groups.layer_groups == (1, 0, 1, 0) and groups.layer_slots == (0, 0, 1, 1)
+    assert groups.num_slots == 2 and groups.num_padded_slots == 0
+
+
+def test_kv_groups_of_gemma3_s_five_to_one_pattern() -> None:
+    groups = kv_groups(_layout(6, {5}), 6, free_outside_window=True)
+    assert groups.windows == (None, 16, 16, 16, 16, 16) and groups.num_slots == 1
+    assert groups.layer_groups == (1, 2, 3, 4, 5, 0)
+    # 26 layers, every 6th global (Gemma 3 1B): groups of 4, the last sliding one half used
+    groups = kv_groups(_layout(26, {5, 11, 17, 23}), 26, free_outside_window=True)
+    assert groups.num_slots == 4 and groups.windows == (None,) + (16,) * 6
+    assert groups.num_padded_slots == 2
+    assert [groups.layer_groups[i] for i in (5, 11, 17, 23)] == [0, 0, 0, 0]
+    assert groups.layer_groups[25] == 6 and groups.layer_slots[25] == 1
+
+
+def test_kv_groups_are_one_table_unless_a_hybrid_model_frees() -> None:
+    assert kv_groups(_layout(4, set()), 4, True) == KVGroups.single(4, 16)  # Mistral
+    assert kv_groups(_layout(4, {0, 1, 2, 3}), 4, True) == KVGroups.single(4)  # no window
+    assert kv_groups(_layout(4, {1, 3}), 4, free_outside_window=False) == KVGroups.single(4)
+    assert kv_groups(_layout(4, set()), 4, free_outside_window=False) == KVGroups.single(4)
+    with pytest.raises(ValueError, match="share"):
+        KVGroups((None,), (0, 0), (0, 0), 1)

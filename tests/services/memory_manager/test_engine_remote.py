@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from quire.block import BlockTables, LiveSequenceState
+from quire.block import BlockTables, LiveSequenceState, TableLayout
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
@@ -49,7 +49,7 @@ def test_engine_over_remote_allocator_survives_manager_restart() -> None:
     managers = [ManagerThread(port=port).start()]
     num_live: list[int] = []
 
-    def factory(num_blocks: int, tables: BlockTables, window: int | None) -> RemoteBlockAllocator:
+    def factory(num_blocks: int, tables: BlockTables, layout: TableLayout) -> RemoteBlockAllocator:
         live = tables.live_sequences
 
         def counted() -> list[LiveSequenceState]:  # what each re-registration sends
@@ -68,7 +68,7 @@ def test_engine_over_remote_allocator_survives_manager_restart() -> None:
             "",
             tables,
             retry_total_s=20,
-            sliding_window=window,
+            layout=layout,
         )
 
     def restart() -> None:

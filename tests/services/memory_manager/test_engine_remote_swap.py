@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from quire.block import BlockTables
+from quire.block import BlockTables, TableLayout
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
@@ -45,9 +45,9 @@ def test_swap_over_remote_allocator_gives_the_tokens_of_no_preemption() -> None:
     )
     manager = ManagerThread().start()
 
-    def factory(num_blocks: int, tables: BlockTables, window: int | None) -> RemoteBlockAllocator:
+    def factory(num_blocks: int, tables: BlockTables, layout: TableLayout) -> RemoteBlockAllocator:
         return RemoteBlockAllocator(
-            manager.target, "e1", 1, num_blocks, 16, True, "", tables, sliding_window=window
+            manager.target, "e1", 1, num_blocks, 16, True, "", tables, layout=layout
         )
 
     try:

@@ -1,6 +1,8 @@
 """A memory manager told the model's sliding window (Register) releases blocks outside it: the
 executor's tables, the manager's counts and the tokens agree with the in-process engine,
-across a manager restart that rebuilds tables holding released slots."""
+across a manager restart that rebuilds tables holding released slots. For a model whose
+every layer slides (one table) and for a hybrid one (its KV groups' windows: a table entry per
+group, the sliding groups' released)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 from quire_tools.make_model import make_checkpoint
 
-from quire.block import RELEASED_BLOCK, BlockTables
+from quire.block import RELEASED_BLOCK, BlockTables, TableLayout
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
@@ -20,14 +22,18 @@ from services.stack.ports import free_port
 from tests.services.memory_manager.conftest import ManagerThread
 
 BS = 8
-WINDOW = 24  # tiny-mistral-window's, on every layer
+WINDOW = 24  # tiny-mistral-window's, on every layer; tiny-gemma3's, on 3 of its 4 layers
+# preset -> (KV groups, blocks in the pool)
+MODELS = {"tiny-mistral-window": (1, 40), "tiny-gemma3": (4, 160)}
 LENGTHS = [5, 40, 90, 17]
 MAX_TOKENS = [40, 30, 36, 44]
 
 
-@pytest.fixture(scope="module")
-def window_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_checkpoint(tmp_path_factory.mktemp("mw"), "tiny-mistral-window", seed=8)
+@pytest.fixture(scope="module", params=list(MODELS))
+def window_model(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, Path]:
+    return request.param, make_checkpoint(tmp_path_factory.mktemp("mw"), request.param, seed=8)
 
 
 def run(engine: LLMEngine, after_step: Callable[[int], None] | None = None) -> list[list[int]]:
@@ -49,17 +55,24 @@ def run(engine: LLMEngine, after_step: Callable[[int], None] | None = None) -> l
 
 
 def test_remote_allocator_releases_window_blocks_with_exact_accounting(
-    window_model: Path,
+    window_model: tuple[str, Path],
 ) -> None:
+    preset, path = window_model
+    num_groups, num_blocks = MODELS[preset]
     config = EngineConfig(
-        model=str(window_model), block_size=BS, num_kv_blocks=40, dtype="float32", device="cpu"
+        model=str(path),
+        block_size=BS,
+        num_kv_blocks=num_blocks,
+        dtype="float32",
+        device="cpu",
     )
     expected = run(LLMEngine(config))
     port = free_port()
     managers = [ManagerThread(port=port).start()]
 
-    def factory(num_blocks: int, tables: BlockTables, window: int | None) -> RemoteBlockAllocator:
-        assert window == WINDOW, "every layer slides: the engine passes the window"
+    def factory(num_blocks: int, tables: BlockTables, layout: TableLayout) -> RemoteBlockAllocator:
+        # the engine passes the window (every layer slides), or its KV groups' (a hybrid)
+        assert layout.sliding_window == WINDOW and layout.num_groups == num_groups
         return RemoteBlockAllocator(
             managers[0].target,
             "e1",
@@ -71,7 +84,7 @@ def test_remote_allocator_releases_window_blocks_with_exact_accounting(
             tables,
             retry_total_s=20,
             verify_every=1,  # every step's tables checked against the manager's checksums
-            sliding_window=window,
+            layout=layout,
         )
 
     num_released: list[int] = []
