@@ -149,6 +149,7 @@ class ExecutorServer:
             metrics_port=s.metrics_port or None,
             model=identity.model,
             num_kv_blocks=engine.allocator.num_blocks,
+            kv_groups=engine.runner.groups.num_groups,
             kv_bytes_per_token=kv_bytes_per_token(engine.model.config, engine.dtype),
             memory_manager=s.memory_manager,
             tls=bool(s.tls_cert),
