@@ -40,6 +40,7 @@ from benchmarks.offline.vllm import VLLMRun, run_vllm
 from benchmarks.offline.window import freeable_window, run_window_freeing
 from benchmarks.offline.workloads import build_workload
 from quire import LLM
+from quire.cache.paged_kv import kv_bytes_per_token
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -119,6 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             gc.collect()
         quire_rss = peak_rss_mib()
         engine_blocks = llm.engine.allocator.num_blocks
+        # What one token's KV takes in every layer (the pool is sized by it; a sliding layer of a
+        # model that frees outside its window holds at most its window's worth per sequence).
+        kv_per_token = kv_bytes_per_token(llm.engine.model.config, llm.engine.dtype)
         del llm
         gc.collect()
         for name, workload in workloads.items():
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "quire_num_preemptions": quire.num_preemptions,
                 "quire_tokens_computed": quire.num_tokens_computed,
                 "quire_num_kv_blocks": engine_blocks,
+                "quire_kv_bytes_per_token": kv_per_token,
                 **kv_summary(quire),
             }
 

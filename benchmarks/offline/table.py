@@ -34,6 +34,7 @@ def print_table(results: dict[str, Any]) -> None:
         ("achieved GFLOP/s (quire)", "quire_achieved_gflop_s", ".1f"),
         ("matmul fraction (quire)", "matmul_fraction", ".3f"),
         ("matmul fraction (vllm, same FLOPs)", "vllm_matmul_fraction", ".3f"),
+        ("KV bytes per token, every layer: quire", "quire_kv_bytes_per_token", ".0f"),
         ("peak RSS MiB: quire", "quire_peak_rss_mib", ".0f"),
         ("peak RSS MiB: vllm", "vllm_peak_rss_mib", ".0f"),
     ]

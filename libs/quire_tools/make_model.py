@@ -368,6 +368,36 @@ PRESETS: dict[str, dict[str, Any]] = {
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
     },
+    # Gemma 3 with 2 global and 5 sliding layers: KV groups of 2 layers, the last sliding group
+    # half used (a padded slot), head_dim 64, GQA 2.
+    "tiny-gemma3-uneven": {
+        **_GEMMA,
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 7,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "sliding_window": 16,
+        "layer_types": [
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+            "sliding_attention",
+            "full_attention",
+            "sliding_attention",
+        ],
+        "query_pre_attn_scalar": 64,
+        "attn_logit_softcapping": None,
+        "final_logit_softcapping": None,
+        "rope_parameters": {
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    },
     # gpt-oss: biased q/k/v/o, a sink logit per head, sliding (window 16) and global layers
     # alternating, YaRN rotary (not truncated), 4 experts top-2 with biases and a clamped
     # SwiGLU whose limit (1.0, not the released 7.0) the random activations reach.

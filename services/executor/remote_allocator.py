@@ -147,7 +147,7 @@ class RemoteBlockAllocator:
         `accepts_pulls`: ask the manager to offer peers' blocks (PullOffer) in steps.
         `sliding_window`: every layer's window, when the manager is to release blocks
         outside it (quire.block.window); None keeps every block. `layout`: the KV groups of
-        a hybrid model's tables instead (quire.block.window.TableLayout; no pulls then)."""
+        a hybrid model's tables instead (quire.block.window.TableLayout)."""
         if layout is not None and sliding_window is not None:
             raise ValueError("pass sliding_window or layout, not both")
         layout = layout if layout is not None else TableLayout.of(sliding_window)
@@ -171,7 +171,7 @@ class RemoteBlockAllocator:
         self.manager_instance: str | None = None
         self.layout = layout
         self.num_groups = layout.num_groups
-        self.accepts_pulls = accepts_pulls and layout.num_groups == 1
+        self.accepts_pulls = accepts_pulls
         self.sliding_window = layout.sliding_window
         self.num_registrations = 0
         self.verify_every = verify_every

@@ -65,7 +65,7 @@ class ExecutorPools:
         `sliding_window`, it releases blocks outside every layer's window (quire.block.window);
         with `group_windows` (a window per KV group, None for a global one), its tables hold
         every group's entry of each logical block and only the sliding groups' are released
-        (no pulls to or from such a pool: a pull moves one entry per logical block).
+        (pulls pair it only with pools of the same groups).
 
         Returns the new pool and the one it replaced. Nothing changes on error.
         """
@@ -86,7 +86,6 @@ class ExecutorPools:
             num_blocks, block_size, enable_prefix_caching, sliding_window, layout=layout
         )
         manager.restore(live)  # ValueError: the old state stays
-        accepts_pulls = accepts_pulls and manager.num_groups == 1
         pool = ExecutorPool(executor_id, epoch, address, manager, accepts_pulls)
         self._pools[executor_id] = pool
         return pool, old

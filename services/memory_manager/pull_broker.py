@@ -95,8 +95,8 @@ class PullBroker:
             for p in self.pools
             if p.executor_id != destination.executor_id
             and p.manager.block_size == block_size
+            and p.manager.layout == destination.manager.layout
             and p.manager.enable_prefix_caching
-            and p.manager.num_groups == 1
         ]
         if not peers:
             return
@@ -117,7 +117,7 @@ class PullBroker:
             if run == 0:
                 continue
             block_ids = source.manager.pin(wanted[:run])
-            assert len(block_ids) == run, "the run was just looked up"
+            assert len(block_ids) == run * source.manager.num_groups, "the run was just looked up"
             pin_id = uuid.uuid4().hex
             self.pins[pin_id] = Pin(
                 source.executor_id,
@@ -173,10 +173,6 @@ class PullBroker:
 
 
 def _leading_run(pool: ExecutorPool, block_hashes: Sequence[bytes]) -> int:
-    """How many of `block_hashes`, from the first, `pool` indexes."""
-    run = 0
-    for block_hash in block_hashes:
-        if pool.manager.pool.lookup(block_hash) is None:
-            break
-        run += 1
-    return run
+    """How many of the logical blocks `block_hashes`, from the first, `pool` indexes (every
+    KV group's block of each)."""
+    return len(pool.manager.lookup_prefix(block_hashes)) // pool.manager.num_groups

@@ -101,7 +101,10 @@ class PullOffer:
 
     Pulled block i lands in the caller's table at `first_block + i` (`first_block` =
     the admit's cached tokens // block size) and holds tokens
-    [(first_block + i) * block_size, (first_block + i + 1) * block_size).
+    [(first_block + i) * block_size, (first_block + i + 1) * block_size). With several KV
+    groups (quire.block.window.TableLayout, the same on both sides) the source ids are flat
+    table entries, every group's of each logical block: entry i lands at slot
+    `first_block * num_groups + i` of the caller's flat table.
     """
 
     # Names the pin on the source blocks; released in a later StepAllocation.
@@ -113,7 +116,7 @@ class PullOffer:
     # another instance granted (a restarted manager holds no such pin).
     granted_by: str
     first_block: int
-    # Physical block ids on the source, in logical order.
+    # Physical block ids on the source, in table order (every group's of each logical block).
     source_block_ids: tuple[int, ...]
 
 

@@ -308,7 +308,7 @@ class BlockManager:
             max_hit_blocks = (len(token_ids) - 1) // self.block_size
             if admit.skip_prefix_cache:
                 max_hit_blocks = 0
-            hit_blocks = self._lookup_prefix(block_hashes[:max_hit_blocks])
+            hit_blocks = self.lookup_prefix(block_hashes[:max_hit_blocks])
         num_fresh = self.layout.table_len(len(token_ids), self.block_size) - len(hit_blocks)
         num_hits_free = sum(1 for block_id in hit_blocks if self.pool.is_free(block_id))
         if num_hits_free + num_fresh > self.pool.num_free_blocks:
@@ -331,7 +331,7 @@ class BlockManager:
         result.num_cached_tokens[admit.seq_id] = num_cached
         return True
 
-    def _lookup_prefix(self, block_hashes: Sequence[bytes]) -> list[int]:
+    def lookup_prefix(self, block_hashes: Sequence[bytes]) -> list[int]:
         """The indexed blocks of the leading run of logical blocks `block_hashes` whose every
         group's block is indexed here: flat table entries, in table order."""
         found: list[int] = []
@@ -351,7 +351,7 @@ class BlockManager:
         first logical block not wholly indexed here), so that they are neither evicted nor
         reused until `unpin`: a peer can copy their KV meanwhile. Returns their ids, as flat
         table entries (every group's block of each logical block), in order."""
-        pinned = self._lookup_prefix(block_hashes)
+        pinned = self.lookup_prefix(block_hashes)
         for block_id in pinned:
             self.pool.touch(block_id)
             self._pinned[block_id] += 1

@@ -306,10 +306,12 @@ class Scheduler:
         if not self.pull_costs.should_pull():
             self.puller.stats.num_declined += 1
             return 0
-        first, count = offer.first_block, len(offer.source_block_ids)
+        # With several KV groups the offer's ids are every group's of each logical block.
+        groups = self.tables.num_groups
+        first, count = offer.first_block * groups, len(offer.source_block_ids)
         table = self.tables.get(seq.seq_id)
         started = time.perf_counter()
-        num_pulled = self.puller.pull(offer, table[first : first + count]) * block_size
+        num_pulled = self.puller.pull(offer, table[first : first + count]) // groups * block_size
         self.pull_costs.observe_pull(num_pulled, time.perf_counter() - started)
         assert seq.num_computed_tokens + num_pulled < seq.num_tokens, "the last token is computed"
         return num_pulled

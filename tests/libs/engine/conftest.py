@@ -26,7 +26,8 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         (fused qkv and gate_up; head_dim 64, and 128 with LongRoPE over 3/4 of each head); Mistral
         with a 24-token window on every layer; Gemma 2 (alternating 16-token windows, soft caps,
         head_dim 64, GQA 2); Gemma 3 (q/k norms, head_dim 128, MQA, a global layer among 24-token
-        windows, two rope bases); DeepSeek-V2 (MLA's latent cache, shared + routed experts: V2-Lite's
+        windows, two rope bases; and head_dim 64, GQA 2, 2 global layers among 5 sliding ones:
+        KV groups of 2 with a slot idle); DeepSeek-V2 (MLA's latent cache, shared + routed experts: V2-Lite's
     shape with YaRN and a dense first layer, and one with q_lora_rank and top-1 of 4 experts);
     gpt-oss (attention sinks, biased attention, alternating 16-token windows, YaRN, 4 biased
     experts top-2 with a clamp the activations reach, head_dim 64, GQA 2; and head_dim 128, MQA,
@@ -46,6 +47,9 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         ),
         "tiny-gemma2": make_checkpoint(root / "gemma2", "tiny-gemma2", seed=9),
         "tiny-gemma3": make_checkpoint(root / "gemma3", "tiny-gemma3", seed=10),
+        "tiny-gemma3-uneven": make_checkpoint(
+            root / "gemma3-uneven", "tiny-gemma3-uneven", seed=15
+        ),
         "tiny-deepseek-v2": make_checkpoint(root / "deepseek-v2", "tiny-deepseek-v2", seed=11),
         "tiny-deepseek-v2-q-lora": make_checkpoint(
             root / "deepseek-v2-q-lora", "tiny-deepseek-v2-q-lora", seed=12

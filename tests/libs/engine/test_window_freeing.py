@@ -106,7 +106,9 @@ def test_preemption_with_released_blocks(
     check_reference(tokens, oracles[NAME], mode)
 
 
-@pytest.mark.parametrize("name", ["tiny-gemma2", "tiny-gemma3", "tiny-gpt-oss"])
+@pytest.mark.parametrize(
+    "name", ["tiny-gemma2", "tiny-gemma3", "tiny-gemma3-uneven", "tiny-gpt-oss"]
+)
 def test_hybrid_models_sliding_groups_hold_the_window_plus_one_block(
     name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle]
 ) -> None:
@@ -114,6 +116,8 @@ def test_hybrid_models_sliding_groups_hold_the_window_plus_one_block(
     tokens, engine = run(model_zoo[name], held, block_size=8)
     groups = engine.runner.groups
     assert groups.is_grouped
+    if name == "tiny-gemma3-uneven":  # 2 global layers, 5 sliding: groups of 2, one slot idle
+        assert groups.windows == (None, 16, 16, 16) and groups.num_padded_slots == 1
     window = engine.model.config.attention.sliding_window
     assert window is not None
     longest = (200 + 30) // 8 + 1  # the longest sequence's blocks: what a global group holds

@@ -1,7 +1,7 @@
 """The architectures beyond Llama served by an executor over gRPC: greedy streams equal
-transformers' generate() token for token, requests batched together (Phi-3 in both LongRoPE
-regimes, Qwen3-MoE and Mixtral through the grouped experts, DeepSeek-V2 over its latent
-cache, Gemma 2 and 3 with their sliding and global layers, gpt-oss with its sinks and clamped
+transformers' generate() token for token, requests batched together (Qwen3 with its q/k norms,
+Phi-3 in both LongRoPE regimes, Qwen3-MoE and Mixtral through the grouped experts, DeepSeek-V2 over its latent
+cache, Gemma 2 and 3 with their sliding and global layers in KV groups, gpt-oss with its sinks and clamped
 experts)."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from tests.services.conftest import LoopThread
 # preset -> prompt lengths: LongRoPE's long regime takes prompts longer than its original
 # context (transformers uses the long factors there), the others any length.
 MODELS = {
+    "tiny-qwen3": [4, 19, 45, 100],
     "tiny-phi3": [3, 17, 40, 120],
     "tiny-phi3-longrope": [LONGROPE_ORIGINAL_MAX + n for n in (1, 9, 40, 100)],
     "tiny-qwen3-moe": [5, 16, 33, 90],

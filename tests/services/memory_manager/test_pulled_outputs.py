@@ -1,5 +1,6 @@
 """Engines sharing one memory manager's pools in this process: a prompt whose blocks a peer
-computed is pulled, not recomputed, and its greedy output is token for token the same."""
+computed is pulled, not recomputed, and its greedy output is token for token the same (a
+hybrid model's too: every KV group's block of each logical block is pulled)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from quire import LLM, SamplingParams
-from quire.block import AllocatorStats, StepAllocation, StepAllocationResult
+from quire.block import AllocatorStats, StepAllocation, StepAllocationResult, TableLayout
 from quire.cache.block_transfer import InProcessPuller
 from quire.cache.paged_kv import PagedKVCache
 from quire.config import EngineConfig
@@ -24,9 +25,26 @@ BLOCK_SIZE = 16
 class BrokeredAllocator:
     """An engine's allocator in a one-process cluster: its pool among `pools`, with pulls."""
 
-    def __init__(self, pools: ExecutorPools, broker: PullBroker, executor_id: str, n: int) -> None:
+    def __init__(
+        self,
+        pools: ExecutorPools,
+        broker: PullBroker,
+        executor_id: str,
+        n: int,
+        layout: TableLayout,
+    ) -> None:
+        grouped = layout.num_groups > 1
         self.pool, _ = pools.register(
-            executor_id, 1, n, BLOCK_SIZE, True, f"{executor_id}:0", [], accepts_pulls=True
+            executor_id,
+            1,
+            n,
+            BLOCK_SIZE,
+            True,
+            f"{executor_id}:0",
+            [],
+            accepts_pulls=True,
+            sliding_window=None if grouped else layout.sliding_window,
+            group_windows=layout.windows if grouped else (),
         )
         self.broker = broker
         self.block_size, self.num_blocks = BLOCK_SIZE, n
@@ -61,8 +79,8 @@ class Cluster:
         )
         engine = LLMEngine(
             config,
-            allocator_factory=lambda n, _tables, _window: BrokeredAllocator(
-                self.pools, self.broker, executor_id, n
+            allocator_factory=lambda n, _tables, layout: BrokeredAllocator(
+                self.pools, self.broker, executor_id, n, layout
             ),
             puller_factory=puller,
         )
@@ -94,8 +112,9 @@ def prompts(vocab_size: int) -> tuple[list[list[int]], list[list[int]]]:
         ("tiny", {"max_num_batched_tokens": 24}),
         ("tiny-mqa", {}),
         ("tiny-deepseek-v2", {}),  # MLA: blocks of one latent plane per layer
+        ("tiny-gemma3", {}),  # a hybrid: 4 KV groups, a block per group per logical block
     ],
-    ids=["whole", "chunked", "gqa", "mla"],
+    ids=["whole", "chunked", "gqa", "mla", "hybrid"],
 )
 def test_pulled_prefixes_give_the_computed_tokens(
     name: str,
@@ -109,8 +128,10 @@ def test_pulled_prefixes_give_the_computed_tokens(
     assert greedy(first, contexts) == greedy(alone, contexts)
     pulled = greedy(second, follow_ups)  # "b" has nothing cached: it pulls from "a"
     assert pulled == greedy(alone, follow_ups)
-    # Every full block of a context that the follow-up reuses (never its last token's block).
-    expected_blocks = sum(
+    # Every full block of a context that the follow-up reuses (never its last token's block),
+    # every KV group's.
+    groups = first.engine.runner.groups.num_groups
+    expected_blocks = groups * sum(
         min(len(c) // BLOCK_SIZE, (len(f) - 1) // BLOCK_SIZE)
         for c, f in zip(contexts, follow_ups, strict=True)
     )
