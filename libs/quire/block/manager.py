@@ -301,20 +301,22 @@ class BlockManager:
         """Admit one prompt, or change nothing and return False if it does not fit."""
         token_ids = list(admit.token_ids)
         block_hashes: list[bytes] = []
-        hit_blocks: list[int] = []
+        hit_blocks: list[int] = []  # flat entries of the hit's logical blocks
+        num_released = 0  # leading logical blocks whose sliding entries the hit leaves out
         if self.enable_prefix_caching:
             extend_block_hashes(block_hashes, token_ids, self.block_size, admit.extra_key)
             # At least the last token is recomputed: its logits start decoding.
             max_hit_blocks = (len(token_ids) - 1) // self.block_size
             if admit.skip_prefix_cache:
                 max_hit_blocks = 0
-            hit_blocks = self.lookup_prefix(block_hashes[:max_hit_blocks])
+            hit_blocks, num_released = self._prefix_hit(block_hashes[:max_hit_blocks])
+        present = [block_id for block_id in hit_blocks if block_id != RELEASED_BLOCK]
         num_fresh = self.layout.table_len(len(token_ids), self.block_size) - len(hit_blocks)
-        num_hits_free = sum(1 for block_id in hit_blocks if self.pool.is_free(block_id))
+        num_hits_free = sum(1 for block_id in present if self.pool.is_free(block_id))
         if num_hits_free + num_fresh > self.pool.num_free_blocks:
             return False
 
-        for block_id in hit_blocks:
+        for block_id in present:
             self.pool.touch(block_id)
         seq = SequenceState(
             token_ids=token_ids,
@@ -322,6 +324,7 @@ class BlockManager:
             block_table=hit_blocks + [self._allocate() for _ in range(num_fresh)],
             block_hashes=block_hashes,
             num_registered_blocks=len(hit_blocks) // self.num_groups,
+            num_released_blocks=num_released,
         )
         self._seqs[admit.seq_id] = seq
         num_cached = len(hit_blocks) // self.num_groups * self.block_size
@@ -330,6 +333,39 @@ class BlockManager:
             self._num_hits += num_cached
         result.num_cached_tokens[admit.seq_id] = num_cached
         return True
+
+    def _prefix_hit(self, block_hashes: Sequence[bytes]) -> tuple[list[int], int]:
+        """The longest prefix of the logical blocks `block_hashes` a prompt can take from the
+        index, as flat table entries, and the leading logical blocks whose sliding entries it
+        leaves out (`RELEASED_BLOCK`).
+
+        A hit of L blocks is computed up to token L * block_size: the global groups need all
+        L blocks, a sliding group only those from the block of the next token's window on
+        (`first_needed_block`), so a sliding block evicted before that does not cut the hit
+        short (vLLM's sliding-window manager's rule)."""
+        groups, bs, window = self.num_groups, self.block_size, self.sliding_window
+        sliding = self.layout.sliding_groups
+        found: list[list[int | None]] = []
+        for block_hash in block_hashes:
+            ids = [self.pool.lookup(group_block_hash(block_hash, g)) for g in range(groups)]
+            if any(ids[g] is None for g in range(groups) if g not in sliding):
+                break
+            found.append(ids)
+        # runs[j]: how many logical blocks up to j in a row have every sliding entry indexed
+        runs: list[int] = []
+        for ids in found:
+            whole = all(ids[g] is not None for g in sliding)
+            runs.append(runs[-1] + 1 if whole and runs else int(whole))
+        for num_hit in range(len(found), 0, -1):
+            first = 0 if window is None else first_needed_block(num_hit * bs, window, bs)
+            if num_hit - first <= runs[num_hit - 1]:
+                entries = [
+                    RELEASED_BLOCK if g in sliding and j < first else found[j][g]
+                    for j in range(num_hit)
+                    for g in range(groups)
+                ]
+                return entries, first  # type: ignore[return-value]
+        return [], 0
 
     def lookup_prefix(self, block_hashes: Sequence[bytes]) -> list[int]:
         """The indexed blocks of the leading run of logical blocks `block_hashes` whose every

@@ -76,28 +76,44 @@ def test_decoding_sliding_groups_hold_the_window_plus_one_block_global_ones_all(
     assert m.stats().num_blocks_used == 0
 
 
-def test_a_prefix_hit_needs_every_group_s_block() -> None:
-    m = BlockManager(num_blocks=21, block_size=BS, layout=HYBRID)
+def _hit_after_pressure(num_pressure_blocks: int) -> tuple[list[list[bool]], int, list[int]]:
+    """A 64-token prompt computed and freed (its sliding entries of blocks 0 and 1 released at
+    its commit, the rest at its end), then another prompt of `num_pressure_blocks` blocks
+    admitted and freed (evicting the least recently used cached blocks), then the first prompt
+    plus one token again: which group blocks were still indexed, the tokens the hit covered
+    and the new table."""
+    m = BlockManager(num_blocks=22, block_size=BS, layout=HYBRID)
     prompt = list(range(64))
     run(m, admits=(admit("a", prompt),))
     run(m, commits=(commit("a", 64),))
     run(m, frees=("a",))
-    assert m.stats().num_blocks_used == 0
-    result = run(m, admits=(admit("b", prompt + [7]),))  # 4 full blocks cached, all groups
-    assert result.num_cached_tokens == {"b": 64}
-    assert m.block_table("b")[:8] == [0, 1, 2, 3, 4, 5, 6, 7]
-    run(m, frees=("b",))
-    # Another prompt takes 14 of the 21 blocks: 13 are not cached, so one cached block is
-    # evicted (the least recently released: the last logical block's sliding entry)
-    run(m, admits=(admit("c", list(range(500, 500 + 16 * 7))),))
+    if num_pressure_blocks:
+        run(m, admits=(admit("c", list(range(500, 500 + 16 * num_pressure_blocks))),))
+        run(m, frees=("c",))
     hashes = hash_full_blocks(prompt, BS)
-    present = [
+    indexed = [
         [m.pool.lookup(group_block_hash(h, g)) is not None for g in range(2)] for h in hashes
     ]
-    assert present == [[True, True], [True, True], [True, True], [True, False]]
-    run(m, frees=("c",))
-    result = run(m, admits=(admit("d", prompt + [7]),))
-    assert result.num_cached_tokens == {"d": 3 * BS}  # the half-evicted block is recomputed
+    result = run(m, admits=(admit("b", prompt + [7]),))
+    return indexed, result.num_cached_tokens["b"], m.block_table("b")
+
+
+def test_a_prefix_hit_takes_the_global_blocks_and_the_sliding_ones_its_window_reads() -> None:
+    # Nothing evicted: 4 blocks hit; the next token (64) reads 33 .. 64, so the sliding
+    # group's blocks 0 and 1 are left out of the table (released), though still cached.
+    indexed, cached, table = _hit_after_pressure(0)
+    assert all(all(groups) for groups in indexed)
+    assert cached == 64 and table[:8] == [0, R, 2, R, 4, 5, 6, 7]
+    # 16 of 22 blocks taken, 14 never used: the two least recently used cached ones, blocks
+    # 0 and 1's sliding entries (released first), are evicted; the hit does not need them
+    indexed, cached, table = _hit_after_pressure(8)
+    assert indexed == [[True, False], [True, False], [True, True], [True, True]]
+    assert cached == 64 and table[:8] == [0, R, 2, R, 4, 5, 6, 7]
+    # 18 taken: block 3's entries are gone too. A hit of 4 blocks needs them, of 3 blocks
+    # block 1's sliding one, of 2 or 1 block block 0's: nothing is hit
+    indexed, cached, table = _hit_after_pressure(9)
+    assert indexed == [[True, False], [True, False], [True, True], [False, False]]
+    assert cached == 0 and R not in table
 
 
 def test_copy_on_write_copies_each_group_s_shared_partial_block() -> None:
