@@ -56,7 +56,31 @@ def model_zoo(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dic
         ),
         "tiny-gpt-oss": make_checkpoint(root / "gpt-oss", "tiny-gpt-oss", seed=13),
         "tiny-gpt-oss-mqa": make_checkpoint(root / "gpt-oss-mqa", "tiny-gpt-oss-mqa", seed=14),
+        # Other shapes of the same architectures (tests/libs/engine/test_hf_equivalence.py's
+        # SHAPES): Qwen3 with head_dim 128 and MQA; Qwen3-MoE with 8 experts top-1, head_dim
+        # 128, no dense layer; Mixtral with 4 experts top-1, head_dim 64 and a 24-token window.
+        **{
+            name: make_checkpoint(root / name, preset, seed=seed, overrides=overrides)
+            for name, preset, seed, overrides in SHAPE_VARIANTS
+        },
     }
+
+
+SHAPE_VARIANTS: list[tuple[str, str, int, dict[str, object]]] = [
+    ("tiny-qwen3-hd128", "tiny-qwen3", 16, {"head_dim": 128, "num_key_value_heads": 1}),
+    (
+        "tiny-qwen3-moe-8x1",
+        "tiny-qwen3-moe",
+        17,
+        {"num_experts": 8, "num_experts_per_tok": 1, "head_dim": 128, "mlp_only_layers": []},
+    ),
+    (
+        "tiny-mixtral-4x1",
+        "tiny-mixtral",
+        18,
+        {"num_local_experts": 4, "num_experts_per_tok": 1, "head_dim": 64, "sliding_window": 24},
+    ),
+]
 
 
 @dataclass

@@ -12,7 +12,7 @@ from quire import LLM, SamplingParams
 from quire.model.attention_layout import kv_groups
 from quire.model.checkpoint import load_model_config
 from tests.hardware import needs_packed_linear
-from tests.libs.engine.conftest import HFOracle, assert_matches_reference
+from tests.libs.engine.conftest import SHAPE_VARIANTS, HFOracle, assert_matches_reference
 
 PROMPT_LENGTHS = [1, 2, 7, 15, 16, 17, 31, 32, 33, 48, 64, 100, 150, 201, 256, 300]
 MAX_TOKENS = [12, 1, 9, 17, 16, 5, 24, 3, 15, 33, 8, 20, 2, 11, 18, 6]
@@ -68,6 +68,8 @@ CASES = [pytest.param(name, "auto", id=f"auto-{name}") for name in MODELS] + [
     pytest.param(name, "packed", marks=needs_packed_linear(torch.float32), id=f"packed-{name}")
     for name in PACKED_MODELS
 ]
+# Other shapes of the same architectures (conftest's SHAPE_VARIANTS): the plain mode only.
+SHAPES = [pytest.param(name, "auto", id=f"auto-{name}") for name, *_ in SHAPE_VARIANTS]
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +79,7 @@ def linear_backend(backend: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return backend
 
 
-@pytest.mark.parametrize(("name", "backend"), CASES)
+@pytest.mark.parametrize(("name", "backend"), CASES + SHAPES)
 def test_plain(
     name: str, model_zoo: dict[str, Path], oracles: dict[str, HFOracle], linear_backend: str
 ) -> None:
