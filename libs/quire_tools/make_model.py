@@ -60,6 +60,18 @@ _GEMMA: dict[str, Any] = {
     "tie_word_embeddings": True,
     "attention_bias": False,
 }
+# Gemma 3 (text): no soft caps, a rope base per layer type.
+_GEMMA3: dict[str, Any] = {
+    **_GEMMA,
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+}
 _LLAMA: dict[str, Any] = {
     **_COMMON,
     "architectures": ["LlamaForCausalLM"],
@@ -111,9 +123,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Gemma 3-shaped: five sliding layers (a 64-token window) to one global layer, what freeing
     # the sliding layers' blocks gains a hybrid model under a KV budget.
     "bench-gemma3-window": {
-        **_GEMMA,
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
+        **_GEMMA3,
         "hidden_size": 256,
         "intermediate_size": 768,
         "num_hidden_layers": 6,
@@ -123,12 +133,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "sliding_window": 64,
         "layer_types": [*["sliding_attention"] * 5, "full_attention"],
         "query_pre_attn_scalar": 64,
-        "attn_logit_softcapping": None,
-        "final_logit_softcapping": None,
-        "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
     },
     "tiny-mqa": {
         **_LLAMA,
@@ -344,9 +348,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Gemma 3 (text): per-head q/k norms, head_dim 128 with one kv head, a global layer among
     # sliding ones (window 24), rope bases 1e6 (global) and 1e4 (sliding).
     "tiny-gemma3": {
-        **_GEMMA,
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
+        **_GEMMA3,
         "hidden_size": 128,
         "intermediate_size": 256,
         "num_hidden_layers": 4,
@@ -361,19 +363,11 @@ PRESETS: dict[str, dict[str, Any]] = {
             "sliding_attention",
         ],
         "query_pre_attn_scalar": 128,
-        "attn_logit_softcapping": None,
-        "final_logit_softcapping": None,
-        "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
     },
     # Gemma 3 with 2 global and 5 sliding layers: KV groups of 2 layers, the last sliding group
     # half used (a padded slot), head_dim 64, GQA 2.
     "tiny-gemma3-uneven": {
-        **_GEMMA,
-        "architectures": ["Gemma3ForCausalLM"],
-        "model_type": "gemma3_text",
+        **_GEMMA3,
         "hidden_size": 128,
         "intermediate_size": 256,
         "num_hidden_layers": 7,
@@ -391,12 +385,6 @@ PRESETS: dict[str, dict[str, Any]] = {
             "sliding_attention",
         ],
         "query_pre_attn_scalar": 64,
-        "attn_logit_softcapping": None,
-        "final_logit_softcapping": None,
-        "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        },
     },
     # gpt-oss: biased q/k/v/o, a sink logit per head, sliding (window 16) and global layers
     # alternating, YaRN rotary (not truncated), 4 experts top-2 with biases and a clamped
