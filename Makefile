@@ -18,7 +18,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: docs-config
 .PHONY: bench-preemption bench-pulls bench-disagg
 .PHONY: rolling-restart
-.PHONY: bench-moe
+.PHONY: bench-moe bench-perplexity
 .PHONY: peer-llamacpp
 
 help:
@@ -35,6 +35,7 @@ help:
 	@echo "make bench-structured  structured outputs' cost: half the batch under a JSON schema"
 	@echo "make bench-preemption  preemption by swap vs recompute on a small KV pool -> bench/results/preemption.json"
 	@echo "make bench-moe     MoE experts: grouped GEMM vs the per-expert loop -> bench/results/moe_experts.json"
+	@echo "make bench-perplexity  a GGUF's perplexity under Quire and llama.cpp, same tokens -> bench/results/perplexity.json"
 	@echo "make bench-pulls   a prefix pulled from a peer executor vs computed -> bench/results/pulls.json"
 	@echo "make bench-disagg  prefill/decode executor roles vs two that take both -> bench/results/disaggregation.json"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
@@ -265,6 +266,11 @@ bench-kernels: $(STAMP) $(CPU_KERNELS)
 # and same-run ratios (BENCH_MOE_ARGS, e.g. --threads 1, --dtypes bfloat16 or --quick).
 bench-moe: $(STAMP) $(CPU_KERNELS)
 	$(PY) -m benchmarks.moe_experts $(BENCH_MOE_ARGS)
+
+# Perplexity of a GGUF (default: the packaged SmolLM2 Q4_1) under Quire and under llama.cpp's
+# llama-perplexity, on the very tokens llama.cpp scored; BENCH_PPL_ARGS, e.g. --chunks 32.
+bench-perplexity: peer-llamacpp data $(CPU_KERNELS)
+	$(PY) -m benchmarks.gguf_perplexity $(BENCH_PPL_ARGS)
 
 # Bytes and ms of one memory-manager Step at 16, 64, 256 running sequences, full tables vs
 # deltas, over a real servicer on a local socket (~1 min); BENCH_STEP_ARGS passes options.
