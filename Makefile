@@ -18,7 +18,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: docs-config
 .PHONY: bench-preemption bench-pulls bench-disagg
 .PHONY: rolling-restart
-.PHONY: bench-moe bench-perplexity
+.PHONY: bench-moe bench-perplexity bench-gguf-greedy
 .PHONY: peer-llamacpp
 
 help:
@@ -36,6 +36,7 @@ help:
 	@echo "make bench-preemption  preemption by swap vs recompute on a small KV pool -> bench/results/preemption.json"
 	@echo "make bench-moe     MoE experts: grouped GEMM vs the per-expert loop -> bench/results/moe_experts.json"
 	@echo "make bench-perplexity  a GGUF's perplexity under Quire and llama.cpp, same tokens -> bench/results/perplexity.json"
+	@echo "make bench-gguf-greedy  a GGUF's greedy tokens under Quire and transformers, ShareGPT -> bench/results/gguf_greedy.json"
 	@echo "make bench-pulls   a prefix pulled from a peer executor vs computed -> bench/results/pulls.json"
 	@echo "make bench-disagg  prefill/decode executor roles vs two that take both -> bench/results/disaggregation.json"
 	@echo "make loadtest      Locust against make up's router (LOCUST_USERS, LOCUST_TIME, ...)"
@@ -271,6 +272,11 @@ bench-moe: $(STAMP) $(CPU_KERNELS)
 # llama-perplexity, on the very tokens llama.cpp scored; BENCH_PPL_ARGS, e.g. --chunks 32.
 bench-perplexity: peer-llamacpp data $(CPU_KERNELS)
 	$(PY) -m benchmarks.gguf_perplexity $(BENCH_PPL_ARGS)
+
+# Greedy tokens of a GGUF under Quire and under transformers' GGUF loader (float32), ShareGPT
+# requests; BENCH_GGUF_GREEDY_ARGS, e.g. --num-requests 100 --max-tokens 64.
+bench-gguf-greedy: peer-llamacpp data $(CPU_KERNELS)
+	$(PY) -m benchmarks.gguf_greedy $(BENCH_GGUF_GREEDY_ARGS)
 
 # Bytes and ms of one memory-manager Step at 16, 64, 256 running sequences, full tables vs
 # deltas, over a real servicer on a local socket (~1 min); BENCH_STEP_ARGS passes options.
