@@ -26,3 +26,16 @@ def needs_packed_linear(dtype: torch.dtype) -> pytest.MarkDecorator:
         not can_run_packed_linear(dtype),
         reason=f"needs AVX-512 ({flag}): Quire's packed {dtype} linear",
     )
+
+
+def can_run_onednn_bfloat16() -> bool:
+    """Whether this CPU runs oneDNN's bfloat16 linear (AVX-512 BW/VL/DQ, or AVX-NE-CONVERT)."""
+    flags = set(cpp_build.cpu_flags())
+    return {"avx512bw", "avx512vl", "avx512dq"} <= flags or "avx_ne_convert" in flags
+
+
+needs_onednn_bfloat16 = pytest.mark.skipif(
+    not can_run_onednn_bfloat16(),
+    reason="needs AVX-512 (avx512bw, avx512vl, avx512dq) or AVX-NE-CONVERT: oneDNN's bfloat16 "
+    "linear",
+)

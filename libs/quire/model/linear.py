@@ -62,10 +62,16 @@ LayerShapes = tuple[tuple[int, int], ...]
 TUNINGS: dict[tuple[torch.dtype, LayerShapes], dict[str, float]] = {}
 
 
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(
-        torch.ops.mkldnn, "_reorder_linear_weight"
-    )
+def _onednn_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether oneDNN's linear runs `dtype` (float32 or bfloat16) here: its bfloat16 path needs
+    AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, and refuses to reorder a weight on a CPU without."""
+    if not (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+    ):
+        return False
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float32
 
 
 def has_amx() -> bool:
@@ -90,11 +96,14 @@ def linear_backend(
         return "torch"
     narrow = dtype in (torch.bfloat16, torch.float16)
     if backend == "onednn":
-        if not _onednn_available():
-            raise ValueError("QUIRE_LINEAR_BACKEND=onednn but this torch has no oneDNN linear")
         if dtype not in (torch.float32, torch.bfloat16):
             raise ValueError(
                 f"QUIRE_LINEAR_BACKEND=onednn supports float32 and bfloat16, not {dtype}"
+            )
+        if not _onednn_available(dtype):
+            raise ValueError(
+                f"QUIRE_LINEAR_BACKEND=onednn but oneDNN's linear does not run {dtype} here "
+                "(bfloat16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT)"
             )
         return "onednn"
     if backend == "widened":
@@ -113,7 +122,7 @@ def linear_backend(
         return tuned_backend(dtype, shapes)
     if not narrow:
         return "torch"
-    if dtype == torch.bfloat16 and has_amx() and _onednn_available():
+    if dtype == torch.bfloat16 and has_amx() and _onednn_available(dtype):
         return "onednn"
     return "widened"
 
@@ -127,7 +136,7 @@ _CANDIDATES: dict[torch.dtype, tuple[str, ...]] = {
 
 def _can_run(backend: str, dtype: torch.dtype) -> bool:
     if backend == "onednn":
-        return _onednn_available()
+        return _onednn_available(dtype)
     if backend == "packed":
         return kernel_backends.packed_linear(dtype) is not None
     return True
@@ -184,7 +193,7 @@ def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None =
         return "torch"
     if kernel_backends.packed_linear(dtype) is not None:
         return "packed"
-    if dtype in (torch.float32, torch.bfloat16) and _onednn_available():
+    if _onednn_available(dtype):
         return "onednn"
     return "torch"
 
@@ -213,9 +222,7 @@ class Linear:
             self.weight = packed_linear.pack_weight(weight)
         elif weight.device.type == "cpu":
             if backend == "widened":
-                narrow = (
-                    "onednn" if weight.dtype == torch.bfloat16 and _onednn_available() else "torch"
-                )
+                narrow = "onednn" if _onednn_available(weight.dtype) else "torch"
                 self.narrow = Linear(weight, bias, narrow, MIN_WIDENED_ROWS)
                 weight = weight.float()
                 self.bias = None if bias is None else bias.float()

@@ -17,11 +17,17 @@ from quire.model.linear import (
     head_backend,
     linear_backend,
 )
-from tests.hardware import can_run_packed_linear, needs_packed_linear
+from tests.hardware import (
+    can_run_onednn_bfloat16,
+    can_run_packed_linear,
+    needs_onednn_bfloat16,
+    needs_packed_linear,
+)
 
 CPU = torch.device("cpu")
 
 
+@needs_onednn_bfloat16
 @pytest.mark.parametrize("rows", [1, 3, 64, 257])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_onednn_bfloat16_linear_equals_f_linear_bit_for_bit(rows: int, with_bias: bool) -> None:
@@ -109,13 +115,16 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
     assert linear_backend(torch.bfloat16, torch.device("cuda"), "onednn") == "torch"
     with pytest.raises(ValueError, match="float16"):
         linear_backend(torch.float16, CPU, "onednn")
-    # The LM head: packed where it runs, else oneDNN, on the CPU unless a backend is named.
+    # The LM head: packed where it runs, else oneDNN where it runs the dtype, on the CPU unless
+    # a backend is named.
     for dtype in (torch.float32, torch.bfloat16):
-        expected = "packed" if can_run_packed_linear(dtype) else "onednn"
+        onednn = dtype == torch.float32 or can_run_onednn_bfloat16()
+        expected = "packed" if can_run_packed_linear(dtype) else "onednn" if onednn else "torch"
         assert head_backend(dtype, CPU, "auto") == expected
         assert head_backend(dtype, CPU, "widened") == expected
         assert head_backend(dtype, CPU, "torch") == "torch"
-        assert head_backend(dtype, CPU, "onednn") == "onednn"
+        if onednn:
+            assert head_backend(dtype, CPU, "onednn") == "onednn"
     assert head_backend(torch.float16, CPU, "auto") == "torch"
     assert head_backend(torch.float32, torch.device("cuda"), "auto") == "torch"
     monkeypatch.setenv("QUIRE_LINEAR_BACKEND", "fastest")
@@ -153,6 +162,21 @@ def test_widened_linear_is_the_rounded_float32_product(
             assert torch.equal(out, layer.narrow(x))
 
 
+def test_onednn_bfloat16_is_never_chosen_where_the_cpu_lacks_it() -> None:
+    # oneDNN refuses to reorder a bfloat16 weight on such a CPU: named, a clear error; by
+    # default, another backend (every candidate the tuning measures must run here).
+    if can_run_onednn_bfloat16():
+        assert linear_backend(torch.bfloat16, CPU, "onednn") == "onednn"
+        return
+    with pytest.raises(ValueError, match="does not run torch.bfloat16 here"):
+        linear_backend(torch.bfloat16, CPU, "onednn")
+    assert not linear_module._can_run("onednn", torch.bfloat16)
+    assert head_backend(torch.bfloat16, CPU, "auto") in ("packed", "torch")
+    widened = Linear(torch.randn(8, 16).to(torch.bfloat16), None, "widened")
+    assert widened.narrow is not None and widened.narrow.backend == "torch"
+
+
+@needs_onednn_bfloat16
 def test_engine_tokens_do_not_depend_on_the_linear_backend(
     tiny_model: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
