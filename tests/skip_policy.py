@@ -17,6 +17,7 @@ EXPECTED = {
     "needs CUDA": "no GPU on this machine; `make gpu-check` runs these where one is lent",
     "needs --device": "the other device's run (`--device cpu` / `--device cuda`) covers these",
     "needs AVX-512": "this CPU lacks the instructions; the kernel is not used on it",
+    "needs x86-64-v3": "this CPU lacks AVX2, FMA or F16C; the kernel is not used on it",
     "needs the compose stack": "Docker and image builds; `make compose-test` runs these",
     "needs the grafana image": "no registry reachable and no package carries the image",
 }

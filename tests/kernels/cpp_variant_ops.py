@@ -228,7 +228,7 @@ def main(out_path: str) -> None:
         # packed linears exist only in builds with AVX-512 (packed_linear_supported says)
         if case.op == "packed_linear" and not packed_linear.cpu_supports(case.dtype):
             continue
-        # and so do the quantized ones (quantized_linear_supported says, per format)
+        # quantized ones in builds with AVX2 or AVX-512 (quantized_linear_supported, per format)
         if case.op == "quantized_linear" and not cpp_quantized.supports(
             case.name.removeprefix("quantized_linear-"), case.dtype
         ):

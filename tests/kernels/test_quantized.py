@@ -13,9 +13,10 @@ from quire.kernels import cpp_build, cpp_quantized, quantized, reference_quantiz
 from tests.kernels.helpers import random_blocks
 
 FORMATS = list(reference_quantized.FORMATS)
-needs_avx512 = pytest.mark.skipif(
-    "avx512f" not in cpp_build.cpu_flags(),
-    reason="needs AVX-512 (avx512f): Quire's quantized linear",
+# The kernel is compiled for x86-64-v3 (AVX2, FMA, F16C) and x86-64-v4 (AVX-512).
+needs_vectors = pytest.mark.skipif(
+    not set(cpp_build.required_cpu_flags("x86-64-v3")) <= set(cpp_build.cpu_flags()),
+    reason="needs x86-64-v3 (AVX2, FMA, F16C): Quire's quantized linear",
 )
 
 
@@ -46,7 +47,7 @@ def test_misshapen_blocks_are_refused() -> None:
         reference_quantized.dequantize(torch.zeros(2, 34, dtype=torch.int8), "Q8_0")
 
 
-@needs_avx512
+@needs_vectors
 @pytest.mark.parametrize("name", FORMATS)
 @pytest.mark.parametrize("rows", [1, 3, 17, 64, 70])
 @pytest.mark.parametrize("out_features", [1, 6, 67])
@@ -62,7 +63,7 @@ def test_cpp_matches_the_oracle(name: str, rows: int, out_features: int) -> None
     assert ((got.double() - expected).abs() <= magnitude * in_features * 2.0**-23).all()
 
 
-@needs_avx512
+@needs_vectors
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cpp_returns_the_activations_dtype(dtype: torch.dtype) -> None:
     blocks = random_blocks("Q4_1", 8, 64)
@@ -73,7 +74,7 @@ def test_cpp_returns_the_activations_dtype(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
 
 
-@needs_avx512
+@needs_vectors
 def test_cpp_refuses_what_it_cannot_multiply() -> None:
     blocks = random_blocks("Q8_0", 4, 64)
     with pytest.raises(ValueError, match="blocks must be a contiguous uint8"):

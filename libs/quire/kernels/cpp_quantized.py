@@ -1,7 +1,8 @@
 """Linear layers over quantized blocks (reference_quantized's formats) in C++ on the CPU
 (csrc/quantized_linear_cpu.cpp): each thread dequantizes tiles of the weight's rows into float32
-and multiplies them by the activations with AVX-512 FMAs (float32 sums). The library is
-cpp_attention's; in a build without AVX-512 nothing is supported and the oracle runs.
+and multiplies them by the activations with FMAs (float32 sums): 16 lanes in an x86-64-v4 build
+(AVX-512), 8 in an x86-64-v3 one (AVX2, FMA, F16C). The library is cpp_attention's; in a build
+with neither nothing is supported and the oracle runs.
 """
 
 from __future__ import annotations

@@ -4,15 +4,19 @@
 // Dequantize-then-FMA, in tiles. The output columns are cut into tiles of kTileRows = 4 rows
 // of W, spread over torch's threads. A thread dequantizes its tile's 4 rows into a float32
 // scratch [4][K] (24 KiB at K = 1536: it stays in L1) and multiplies every row of x by it,
-// kRowsPerPass = 4 rows of x at a time: 16 accumulators of 16 lanes along K, each pass over K
-// reading 4 weight and 4 x vectors per 16 FMAs, then one horizontal sum per output. x is
-// taken kChunkRows = 64 rows at a time (the outer loop), so the chunk a thread multiplies its
-// tiles by stays in L2, and each weight tile is dequantized once per chunk: once in decode.
+// kRowsPerPass rows of x at a time: kRowsPerPass x 4 accumulators of one vector along K, each
+// pass over K reading 4 weight and kRowsPerPass x vectors, then one horizontal sum per output.
+// x is taken kChunkRows = 64 rows at a time (the outer loop), so the chunk a thread multiplies
+// its tiles by stays in L2, and each weight tile is dequantized once per chunk: once in decode.
+//
+// Two vector widths, one code: an x86-64-v4 build (AVX-512) works on 16 float lanes and 4 rows
+// of x a pass (16 accumulators of its 32 registers); an x86-64-v3 build (AVX2 + FMA + F16C) on
+// 8 lanes and 2 rows a pass (8 accumulators, 4 weights and one x of its 16 registers). The
+// thin layer below (Vec, vload, ...) is all that differs.
 //
 // Sums are float32 (in another order than the torch oracle's); the dequantized weights are the
-// oracle's (d * q, d * q + m, ... in float32). The AVX-512 paths exist only in an x86-64-v4
-// build (cpu_features.h); elsewhere quantized_linear_supported is false and the model keeps the
-// torch oracle.
+// oracle's (d * q, d * q + m, ... in float32). In a build with neither (cpu_features.h)
+// quantized_linear_supported is false and the model keeps the torch oracle.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -25,7 +29,7 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__) || defined(__F16C__)
+#if defined(__AVX512F__) || defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 #if defined(__AVX512F__)
@@ -36,13 +40,67 @@
 
 #include "cpu_features.h"
 
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
+#define QUIRE_QUANTIZED_VECTOR 1
+#endif
+
 namespace {
+
+// The vector layer: float lanes, and 16 bytes widened to floats kLanes at a time.
+#if defined(__AVX512F__)
+using Vec = __m512;
+constexpr int kLanes = 16;
+constexpr int64_t kRowsPerPass = 4;  // rows of x per pass over a tile
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vset1(float f) { return _mm512_set1_ps(f); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vmul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec vsub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) { return _mm512_reduce_add_ps(v); }
+// bytes[i] as float into out[i / 16][i % 16], signed or unsigned.
+inline void i8x16_to_vecs(__m128i bytes, Vec* out) {
+  out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+inline void u8x16_to_vecs(__m128i bytes, Vec* out) {
+  out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes));
+}
+#elif defined(QUIRE_QUANTIZED_VECTOR)
+using Vec = __m256;
+constexpr int kLanes = 8;
+constexpr int64_t kRowsPerPass = 2;
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vset1(float f) { return _mm256_set1_ps(f); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec vsub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline void i8x16_to_vecs(__m128i bytes, Vec* out) {
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
+}
+inline void u8x16_to_vecs(__m128i bytes, Vec* out) {
+  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+}
+#else
+constexpr int64_t kRowsPerPass = 1;
+#endif
 
 // ggml type ids (gguf.GGMLQuantizationType) of the formats here.
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
 
 constexpr int64_t kTileRows = 4;      // rows of W per tile
-constexpr int64_t kRowsPerPass = 4;   // rows of x per pass over a tile
 constexpr int64_t kChunkRows = 64;    // rows of x per chunk
 
 struct Format {
@@ -129,42 +187,46 @@ void dequantize_k_block(int64_t type, const uint8_t* b, float* out) {
 }
 
 // One row of W: num_blocks blocks of `type` into out[K].
-void dequantize_row(int64_t type, const uint8_t* row, int64_t num_blocks, float* out) {
-#if defined(__AVX512F__)
+[[maybe_unused]] void dequantize_row(int64_t type, const uint8_t* row, int64_t num_blocks,
+                                    float* out) {
+#if defined(QUIRE_QUANTIZED_VECTOR)
+  constexpr int kVecs = 16 / kLanes;  // vectors per 16 bytes
   const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  Vec v[kVecs];
   if (type == kQ8_0) {
     for (int64_t i = 0; i < num_blocks; ++i, row += 34, out += 32) {
-      const __m512 d = _mm512_set1_ps(f16(row));
+      const Vec d = vset1(f16(row));
       for (int h = 0; h < 2; ++h) {
-        const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 + 16 * h));
-        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-        _mm512_storeu_ps(out + 16 * h, _mm512_mul_ps(v, d));
+        i8x16_to_vecs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 + 16 * h)), v);
+        for (int j = 0; j < kVecs; ++j) vstore(out + 16 * h + kLanes * j, vmul(v[j], d));
       }
     }
     return;
   }
   if (type == kQ4_0 || type == kQ4_1) {
     const int64_t header = type == kQ4_0 ? 2 : 4, bytes = type == kQ4_0 ? 18 : 20;
-    const __m512 eight = _mm512_set1_ps(8.0f);
+    const Vec eight = vset1(8.0f);
     for (int64_t i = 0; i < num_blocks; ++i, row += bytes, out += 32) {
-      const __m512 d = _mm512_set1_ps(f16(row));
+      const Vec d = vset1(f16(row));
       const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + header));
       const __m128i nibbles[2] = {_mm_and_si128(qs, low_nibbles),
                                   _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles)};
       for (int h = 0; h < 2; ++h) {
-        __m512 q = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(nibbles[h]));
-        if (type == kQ4_0) {
-          _mm512_storeu_ps(out + 16 * h, _mm512_mul_ps(d, _mm512_sub_ps(q, eight)));
-        } else {
-          const __m512 m = _mm512_set1_ps(f16(row + 2));
-          _mm512_storeu_ps(out + 16 * h, _mm512_add_ps(_mm512_mul_ps(d, q), m));
+        u8x16_to_vecs(nibbles[h], v);
+        for (int j = 0; j < kVecs; ++j) {
+          float* o = out + 16 * h + kLanes * j;
+          if (type == kQ4_0) {
+            vstore(o, vmul(d, vsub(v[j], eight)));
+          } else {
+            vstore(o, vadd(vmul(d, v[j]), vset1(f16(row + 2))));  // the oracle's two roundings
+          }
         }
       }
     }
     return;
   }
 #endif
-  if (type == kQ8_0 || type == kQ4_0 || type == kQ4_1) {  // builds without AVX-512
+  if (type == kQ8_0 || type == kQ4_0 || type == kQ4_1) {  // builds without vectors
     const int64_t bytes = type == kQ8_0 ? 34 : (type == kQ4_0 ? 18 : 20);
     for (int64_t i = 0; i < num_blocks; ++i, row += bytes, out += 32) {
       const float d = f16(row);
@@ -180,32 +242,42 @@ void dequantize_row(int64_t type, const uint8_t* row, int64_t num_blocks, float*
     }
     return;
   }
-  Format format;
+  Format format{};
   format_of(type, &format);
   for (int64_t i = 0; i < num_blocks; ++i) {
     dequantize_k_block(type, row + i * format.block_bytes, out + i * 256);
   }
 }
 
-#if defined(__AVX512F__)
+#if defined(QUIRE_QUANTIZED_VECTOR)
 // out[r][c] (stride out_stride) = x[r] . w[c] over K, for kRows rows of x and kCols rows of w.
 template <int kRows, int kCols>
 void dot_tile(const float* x, int64_t x_stride, const float* w, int64_t k_dim, float* out,
               int64_t out_stride) {
-  __m512 acc[kRows][kCols];
+  Vec acc[kRows][kCols];
   for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < kCols; ++c) acc[r][c] = vzero();
   }
-  for (int64_t k = 0; k < k_dim; k += 16) {
-    __m512 wv[kCols];
-    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_loadu_ps(w + c * k_dim + k);
+  for (int64_t k = 0; k < k_dim; k += kLanes) {
+    Vec wv[kCols];
+    for (int c = 0; c < kCols; ++c) wv[c] = vload(w + c * k_dim + k);
     for (int r = 0; r < kRows; ++r) {
-      const __m512 xv = _mm512_loadu_ps(x + r * x_stride + k);
-      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+      const Vec xv = vload(x + r * x_stride + k);
+      for (int c = 0; c < kCols; ++c) acc[r][c] = vfmadd(xv, wv[c], acc[r][c]);
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    for (int c = 0; c < kCols; ++c) out[r * out_stride + c] = _mm512_reduce_add_ps(acc[r][c]);
+    for (int c = 0; c < kCols; ++c) out[r * out_stride + c] = vsum(acc[r][c]);
+  }
+}
+
+// The last num_rows < kRowsPerPass rows of x, in one pass of that many rows.
+template <int kCols, int kRows = kRowsPerPass - 1>
+void dot_leftover(const float* x, int64_t x_stride, int64_t num_rows, const float* w,
+                  int64_t k_dim, float* out, int64_t out_stride) {
+  if constexpr (kRows > 0) {
+    if (num_rows == kRows) return dot_tile<kRows, kCols>(x, x_stride, w, k_dim, out, out_stride);
+    dot_leftover<kCols, kRows - 1>(x, x_stride, num_rows, w, k_dim, out, out_stride);
   }
 }
 
@@ -217,21 +289,20 @@ void dot_rows(const float* x, int64_t x_stride, int64_t num_rows, const float* w
     dot_tile<kRowsPerPass, kCols>(x + r * x_stride, x_stride, w, k_dim, out + r * out_stride,
                                   out_stride);
   }
-  const float* xr = x + r * x_stride;
-  float* o = out + r * out_stride;
-  switch (num_rows - r) {
-    case 1: return dot_tile<1, kCols>(xr, x_stride, w, k_dim, o, out_stride);
-    case 2: return dot_tile<2, kCols>(xr, x_stride, w, k_dim, o, out_stride);
-    case 3: return dot_tile<3, kCols>(xr, x_stride, w, k_dim, o, out_stride);
-    default: return;
-  }
+  dot_leftover<kCols>(x + r * x_stride, x_stride, num_rows - r, w, k_dim, out + r * out_stride,
+                      out_stride);
 }
-static_assert(kRowsPerPass == 4 && kTileRows == 4, "dot_rows dispatches 1 .. 3 leftovers");
 #endif
 
 bool supported(int64_t type) {
   Format format;
-  return quire_cpu::kHasAvx512 && format_of(type, &format);
+#if defined(QUIRE_QUANTIZED_VECTOR)
+  return format_of(type, &format);
+#else
+  (void)type;
+  (void)format;
+  return false;
+#endif
 }
 
 }  // namespace
@@ -256,7 +327,7 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64
   const int64_t n_dim = blocks.size(0);
   at::Tensor out = at::empty({num_rows, n_dim}, x.options());
   if (num_rows == 0 || n_dim == 0) return out;
-#if defined(__AVX512F__)
+#if defined(QUIRE_QUANTIZED_VECTOR)
   const int64_t num_tiles = (n_dim + kTileRows - 1) / kTileRows;
   const int64_t row_bytes = blocks.size(1);
   const int64_t grain = std::max<int64_t>(1, (num_tiles + at::get_num_threads() - 1) /
