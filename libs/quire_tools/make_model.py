@@ -105,6 +105,18 @@ PRESETS: dict[str, dict[str, Any]] = {
         "head_dim": 64,
         **_rope(10000.0),
     },
+    # About a billion parameters in TinyLlama-1.1B's shape (GQA 8:1): how each system's cost grows
+    # with the model beside the 135M default (make bench-serving on its GGUFs, make gguf-1b).
+    "bench-1b": {
+        **_LLAMA,
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        **_rope(10000.0),
+    },
     # Mistral-shaped with a short window on every layer: what freeing blocks outside the window
     # gains under a KV budget (make bench-engine ... --model a checkpoint of it).
     "bench-mistral-window": {

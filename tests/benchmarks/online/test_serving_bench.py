@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.online.cli import parse_args
 from benchmarks.online.curve import curve_ratios
-from benchmarks.online.main import rescore
+from benchmarks.online.main import all_ratios, rescore
 from benchmarks.online.plot import plot
 from tests.benchmarks.entry import run_quick
 
@@ -107,7 +107,7 @@ def test_options() -> None:
         args_for("--peers", "vllm,sglang")
     defaults = parse_args([])
     assert defaults.peers == ["vllm", "llamacpp"]
-    assert defaults.dtypes == ["float32", "bfloat16", "q4_1"]
+    assert defaults.dtypes == ["float32", "bfloat16", "q4_1", "q8_0"]
     assert defaults.concurrency == [1, 4, 16, None] and defaults.clients == ["vllm"]
     assert len(defaults.curve_prompts) == 4 and defaults.rates == []
     assert args_for("--skip-baseline").peers == []
@@ -123,6 +123,16 @@ def test_options() -> None:
     ):
         with pytest.raises(SystemExit):
             args_for(*bad)
+
+
+def test_a_gguf_row_compares_quire_with_llamacpp_alone() -> None:
+    # q4_1 and q8_0 are GGUF files Quire and llama.cpp serve; vLLM serves neither.
+    ratios = all_ratios({}, ["float32", "q4_1", "q8_0"], ["vllm", "llamacpp"])
+    assert {dtype: sorted(peers) for dtype, peers in ratios.items()} == {
+        "float32": ["llamacpp", "vllm"],
+        "q4_1": ["llamacpp"],
+        "q8_0": ["llamacpp"],
+    }
 
 
 def test_curve_ratios_say_above_one_when_quire_is_ahead() -> None:

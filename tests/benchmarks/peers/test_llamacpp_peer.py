@@ -42,11 +42,14 @@ def test_server_command_pins_slots_context_kv_type_and_threads(tmp_path: Path) -
 
 
 def test_each_dtype_has_its_gguf_and_kv_cache_type(tmp_path: Path) -> None:
-    assert set(GGUF_TYPES) == set(KV_CACHE_TYPES) == {"float32", "bfloat16", "q4_1"}
+    assert set(GGUF_TYPES) == set(KV_CACHE_TYPES) == {"float32", "bfloat16", "q4_1", "q8_0"}
     names = {d: gguf_path(d, tmp_path).name for d in GGUF_TYPES}
     assert names["float32"].endswith(".F32.gguf") and names["q4_1"].endswith(".Q4_1.gguf")
-    assert len(set(names.values())) == 3
+    assert names["q8_0"].endswith(".Q8_0.gguf")
+    assert len(set(names.values())) == 4
     assert KV_CACHE_TYPES["float32"] == "f32" and KV_CACHE_TYPES["bfloat16"] == "bf16"
+    # another model's files: STEM.<TYPE>.gguf beside the stem
+    assert gguf_path("q8_0", stem=tmp_path / "bench-1b") == tmp_path / "bench-1b.Q8_0.gguf"
     with pytest.raises(ValueError):
         gguf_path("float16")
 
