@@ -10,11 +10,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from quire.config import cpu_has_native_bf16
 from services.stack.ports import stack_ports
 from services.stack.runner import Stack
 from services.stack.spec import StackConfig
 
 REPO = Path(__file__).resolve().parents[2]
+# What `auto` serves on this CPU (bfloat16 where it multiplies bfloat16 in hardware, else
+# float32), pinned, so that offline references can run in the same dtype.
+STACK_DTYPE = "bfloat16" if cpu_has_native_bf16() else "float32"
 
 
 @contextmanager
@@ -39,7 +43,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         **ports,
         num_executors=2,
         num_kv_blocks=512,
-        executor_dtype="bfloat16",  # what `auto` serves on CPUs with AVX512_BF16, pinned
+        executor_dtype=STACK_DTYPE,
         max_pending_per_executor=24,
         max_pending_total=40,
         redis_prefix=f"quire-test-{ports['executor_base_port']}",

@@ -11,7 +11,7 @@ import pytest
 
 from quire import LLM, SamplingParams
 from services.stack.runner import Stack
-from tests.integration.conftest import REPO
+from tests.integration.conftest import REPO, STACK_DTYPE
 
 MODEL = "quire-tiny"
 PROMPT = "The paged cache keeps"
@@ -96,7 +96,7 @@ def test_prompt_logprobs_match_the_offline_engine(
     )
     got = out.choices[0].prompt_logprobs  # type: ignore[attr-defined]
     assert len(got) == len(prompt_ids) and got[0] is None
-    offline = LLM(model=str(REPO / "models" / "quire-tiny"))
+    offline = LLM(model=str(REPO / "models" / "quire-tiny"), dtype=STACK_DTYPE)  # as the stack
     ref = offline.generate(
         [{"prompt_token_ids": prompt_ids}],
         SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=1),

@@ -12,7 +12,7 @@ import pytest
 
 from quire import LLM, SamplingParams
 from services.stack.runner import Stack
-from tests.integration.conftest import REPO, wait_idle
+from tests.integration.conftest import REPO, STACK_DTYPE, wait_idle
 
 MODEL = "quire-tiny"
 
@@ -24,7 +24,7 @@ def client(stack: Stack) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def offline() -> LLM:
-    return LLM(model=str(REPO / "models" / "quire-tiny"), dtype="bfloat16")  # as the stack
+    return LLM(model=str(REPO / "models" / "quire-tiny"), dtype=STACK_DTYPE)  # as the stack
 
 
 def test_models_and_health(stack: Stack, client: openai.OpenAI) -> None:
