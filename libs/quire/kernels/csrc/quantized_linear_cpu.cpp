@@ -9,6 +9,11 @@
 // x is taken kChunkRows = 64 rows at a time (the outer loop), so the chunk a thread multiplies
 // its tiles by stays in L2, and each weight tile is dequantized once per chunk: once in decode.
 //
+// Decode's few rows skip the scratch (direct_dot): with at most kDirectRows rows of x and a
+// Q8_0 / Q4_0 / Q4_1 weight, each thread takes whole rows of W, dequantizes each 32-weight block
+// into registers and multiplies it by every row of x at once: the same dequantized values and
+// FMAs without a store and a load of each, the weights' bytes read once.
+//
 // Two vector widths, one code: an x86-64-v4 build (AVX-512) works on 16 float lanes and 4 rows
 // of x a pass (16 accumulators of its 32 registers); an x86-64-v3 build (AVX2 + FMA + F16C) on
 // 8 lanes and 2 rows a pass (8 accumulators, 4 weights and one x of its 16 registers). The
@@ -51,6 +56,7 @@ namespace {
 using Vec = __m512;
 constexpr int kLanes = 16;
 constexpr int64_t kRowsPerPass = 4;  // rows of x per pass over a tile
+constexpr int kDirectRows = 4;       // at most this many rows of x skip the scratch (direct_dot)
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vset1(float f) { return _mm512_set1_ps(f); }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
@@ -71,6 +77,7 @@ inline void u8x16_to_vecs(__m128i bytes, Vec* out) {
 using Vec = __m256;
 constexpr int kLanes = 8;
 constexpr int64_t kRowsPerPass = 2;
+constexpr int kDirectRows = 2;
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vset1(float f) { return _mm256_set1_ps(f); }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
@@ -186,44 +193,59 @@ void dequantize_k_block(int64_t type, const uint8_t* b, float* out) {
   }
 }
 
+#if defined(QUIRE_QUANTIZED_VECTOR)
+constexpr int kBlockVecs = 32 / kLanes;  // vectors per 32-weight block
+
+template <int64_t kType>
+constexpr int64_t kBlockBytes = kType == kQ8_0 ? 34 : (kType == kQ4_0 ? 18 : 20);
+
+// One 32-weight block of Q8_0, Q4_0 or Q4_1 into w[kBlockVecs], as the oracle computes it:
+// d * q, d * (q - 8), d * q + m (two roundings, no FMA) in float32.
+template <int64_t kType>
+inline void dequantize_block(const uint8_t* b, Vec* w) {
+  constexpr int kVecs = 16 / kLanes;  // vectors per 16 bytes
+  const Vec d = vset1(f16(b));
+  if constexpr (kType == kQ8_0) {
+    for (int h = 0; h < 2; ++h) {
+      i8x16_to_vecs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h)),
+                    w + kVecs * h);
+    }
+    for (int j = 0; j < kBlockVecs; ++j) w[j] = vmul(w[j], d);
+  } else {
+    const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+    constexpr int64_t kHeader = kType == kQ4_0 ? 2 : 4;
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHeader));
+    u8x16_to_vecs(_mm_and_si128(qs, low_nibbles), w);
+    u8x16_to_vecs(_mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles), w + kVecs);
+    if constexpr (kType == kQ4_0) {
+      const Vec eight = vset1(8.0f);
+      for (int j = 0; j < kBlockVecs; ++j) w[j] = vmul(d, vsub(w[j], eight));
+    } else {
+      const Vec m = vset1(f16(b + 2));
+      for (int j = 0; j < kBlockVecs; ++j) w[j] = vadd(vmul(d, w[j]), m);
+    }
+  }
+}
+
+template <int64_t kType>
+void dequantize_blocks(const uint8_t* row, int64_t num_blocks, float* out) {
+  Vec w[kBlockVecs];
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    dequantize_block<kType>(row + i * kBlockBytes<kType>, w);
+    for (int j = 0; j < kBlockVecs; ++j) vstore(out + 32 * i + kLanes * j, w[j]);
+  }
+}
+#endif
+
 // One row of W: num_blocks blocks of `type` into out[K].
 [[maybe_unused]] void dequantize_row(int64_t type, const uint8_t* row, int64_t num_blocks,
                                     float* out) {
 #if defined(QUIRE_QUANTIZED_VECTOR)
-  constexpr int kVecs = 16 / kLanes;  // vectors per 16 bytes
-  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-  Vec v[kVecs];
-  if (type == kQ8_0) {
-    for (int64_t i = 0; i < num_blocks; ++i, row += 34, out += 32) {
-      const Vec d = vset1(f16(row));
-      for (int h = 0; h < 2; ++h) {
-        i8x16_to_vecs(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 + 16 * h)), v);
-        for (int j = 0; j < kVecs; ++j) vstore(out + 16 * h + kLanes * j, vmul(v[j], d));
-      }
-    }
-    return;
-  }
-  if (type == kQ4_0 || type == kQ4_1) {
-    const int64_t header = type == kQ4_0 ? 2 : 4, bytes = type == kQ4_0 ? 18 : 20;
-    const Vec eight = vset1(8.0f);
-    for (int64_t i = 0; i < num_blocks; ++i, row += bytes, out += 32) {
-      const Vec d = vset1(f16(row));
-      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + header));
-      const __m128i nibbles[2] = {_mm_and_si128(qs, low_nibbles),
-                                  _mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles)};
-      for (int h = 0; h < 2; ++h) {
-        u8x16_to_vecs(nibbles[h], v);
-        for (int j = 0; j < kVecs; ++j) {
-          float* o = out + 16 * h + kLanes * j;
-          if (type == kQ4_0) {
-            vstore(o, vmul(d, vsub(v[j], eight)));
-          } else {
-            vstore(o, vadd(vmul(d, v[j]), vset1(f16(row + 2))));  // the oracle's two roundings
-          }
-        }
-      }
-    }
-    return;
+  switch (type) {
+    case kQ8_0: return dequantize_blocks<kQ8_0>(row, num_blocks, out);
+    case kQ4_0: return dequantize_blocks<kQ4_0>(row, num_blocks, out);
+    case kQ4_1: return dequantize_blocks<kQ4_1>(row, num_blocks, out);
+    default: break;
   }
 #endif
   if (type == kQ8_0 || type == kQ4_0 || type == kQ4_1) {  // builds without vectors
@@ -294,6 +316,69 @@ void dot_rows(const float* x, int64_t x_stride, int64_t num_rows, const float* w
 }
 #endif
 
+#if defined(QUIRE_QUANTIZED_VECTOR)
+// Decode's few rows of x (at most kDirectRows) against Q8_0 / Q4_0 / Q4_1 weights: each row of W
+// is dequantized block by block into registers and multiplied at once, with no scratch (the
+// same dequantized values, the same float32 FMAs, another summation order): kRows x
+// kBlockVecs accumulators, so consecutive FMAs do not wait on each other.
+template <int64_t kType, int kRows>
+void direct_dot(const uint8_t* row, int64_t num_blocks, const float* x, int64_t x_stride,
+                float* out, int64_t out_stride) {
+  Vec acc[kRows][kBlockVecs];
+  for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kBlockVecs; ++j) acc[r][j] = vzero();
+  }
+  Vec w[kBlockVecs];
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    dequantize_block<kType>(row + i * kBlockBytes<kType>, w);
+    for (int r = 0; r < kRows; ++r) {
+      for (int j = 0; j < kBlockVecs; ++j) {
+        acc[r][j] = vfmadd(vload(x + r * x_stride + 32 * i + kLanes * j), w[j], acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    Vec sum = acc[r][0];
+    for (int j = 1; j < kBlockVecs; ++j) sum = vadd(sum, acc[r][j]);
+    out[r * out_stride] = vsum(sum);
+  }
+}
+
+template <int64_t kType, int kRows = kDirectRows>
+void direct_rows(int64_t num_rows, const uint8_t* row, int64_t num_blocks, const float* x,
+                 int64_t x_stride, float* out, int64_t out_stride) {
+  if constexpr (kRows > 0) {
+    if (num_rows == kRows) {
+      return direct_dot<kType, kRows>(row, num_blocks, x, x_stride, out, out_stride);
+    }
+    direct_rows<kType, kRows - 1>(num_rows, row, num_blocks, x, x_stride, out, out_stride);
+  }
+}
+
+// Whether direct_rows takes this call.
+bool takes_direct(int64_t type, int64_t num_rows) {
+  return num_rows <= kDirectRows && (type == kQ8_0 || type == kQ4_0 || type == kQ4_1);
+}
+
+void direct_linear(int64_t type, const float* x, int64_t x_stride, int64_t num_rows,
+                   const uint8_t* blocks, int64_t row_bytes, int64_t num_blocks, int64_t n_dim,
+                   float* out) {
+  const int64_t grain = std::max<int64_t>(
+      16, (n_dim + at::get_num_threads() - 1) / at::get_num_threads());
+  at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = blocks + n * row_bytes;
+      float* o = out + n;
+      switch (type) {
+        case kQ8_0: direct_rows<kQ8_0>(num_rows, row, num_blocks, x, x_stride, o, n_dim); break;
+        case kQ4_0: direct_rows<kQ4_0>(num_rows, row, num_blocks, x, x_stride, o, n_dim); break;
+        default: direct_rows<kQ4_1>(num_rows, row, num_blocks, x, x_stride, o, n_dim); break;
+      }
+    }
+  });
+}
+#endif
+
 bool supported(int64_t type) {
   Format format;
 #if defined(QUIRE_QUANTIZED_VECTOR)
@@ -328,8 +413,13 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64
   at::Tensor out = at::empty({num_rows, n_dim}, x.options());
   if (num_rows == 0 || n_dim == 0) return out;
 #if defined(QUIRE_QUANTIZED_VECTOR)
-  const int64_t num_tiles = (n_dim + kTileRows - 1) / kTileRows;
   const int64_t row_bytes = blocks.size(1);
+  if (takes_direct(type, num_rows)) {
+    direct_linear(type, x.data_ptr<float>(), x.stride(0), num_rows, blocks.data_ptr<uint8_t>(),
+                  row_bytes, num_blocks, n_dim, out.data_ptr<float>());
+    return out;
+  }
+  const int64_t num_tiles = (n_dim + kTileRows - 1) / kTileRows;
   const int64_t grain = std::max<int64_t>(1, (num_tiles + at::get_num_threads() - 1) /
                                                  at::get_num_threads());
   const float* xs = x.data_ptr<float>();
