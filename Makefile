@@ -314,10 +314,12 @@ clean:
 	rm -rf $(VENV) models bench/results services/rpc .run build/quire_kernels_cpu
 
 # Online serving benchmark: Quire's stack, `vllm serve` and llama.cpp's `llama-server` on ShareGPT,
-# each in float32 and bfloat16 (the dtype pinned on every side; llama.cpp's Q4_1 as an extra row),
-# along the curve at concurrency 1, 4, 16 and all at once, driven by vLLM's own client; Poisson
-# rates on request. BENCH_SERVING_ARGS limits it, e.g. --dtypes float32 --concurrency 1,all
-# --curve-prompts 2,8 (a smoke run of a few minutes), --peers vllm, --rates 2,3.
+# each in float32 and bfloat16 (the dtype pinned on every side), Quire and llama.cpp on the Q4_1
+# and Q8_0 GGUFs, along the curve at concurrency 1, 4, 16 and all at once, driven by vLLM's own
+# client; Poisson rates on request. BENCH_SERVING_ARGS limits it, e.g. --dtypes float32
+# --concurrency 1,all --curve-prompts 2,8 (a smoke run of a few minutes), --peers vllm,
+# --rates 2,3; after make model-1b: --model models/bench-1b --gguf-stem models/bench-1b
+# --dtypes q4_1,q8_0 --peers llamacpp.
 bench-serving: model data redis $(RPC_STAMP) $(PEER_VLLM_STAMP) peer-llamacpp $(CPU_KERNELS)
 	$(PY) -m benchmarks.serving $(BENCH_SERVING_ARGS)
 
