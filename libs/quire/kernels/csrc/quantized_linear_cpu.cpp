@@ -9,6 +9,9 @@
 // x is taken kChunkRows = 64 rows at a time (the outer loop), so the chunk a thread multiplies
 // its tiles by stays in L2, and each weight tile is dequantized once per chunk: once in decode.
 //
+// A prefill chunk's many rows (at least kGemmMinRows) take another road: panels of W dequantized
+// into float32, multiplied by torch's GEMM (at::mm), the dequantizing shared by every row.
+//
 // Decode's few rows skip the scratch (direct_dot): with at most kDirectRows rows of x and a
 // Q8_0 / Q4_0 / Q4_1 weight, each thread takes whole rows of W, dequantizes each 32-weight block
 // into registers and multiplies it by every row of x at once: the same dequantized values and
@@ -26,6 +29,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
@@ -109,6 +113,11 @@ constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K
 
 constexpr int64_t kTileRows = 4;      // rows of W per tile
 constexpr int64_t kChunkRows = 64;    // rows of x per chunk
+// From this many rows of x (a prefill chunk), panels of W are dequantized into float32 and
+// multiplied by torch's GEMM: the dequantizing is shared by every row, and the GEMM runs far
+// nearer the CPU's peak than the dot products of the tiles.
+constexpr int64_t kGemmMinRows = 16;
+constexpr int64_t kGemmPanelRows = 256;  // rows of W per panel (576 KiB at K = 576)
 
 struct Format {
   int64_t block_size;
@@ -417,6 +426,21 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64
   if (takes_direct(type, num_rows)) {
     direct_linear(type, x.data_ptr<float>(), x.stride(0), num_rows, blocks.data_ptr<uint8_t>(),
                   row_bytes, num_blocks, n_dim, out.data_ptr<float>());
+    return out;
+  }
+  if (num_rows >= kGemmMinRows) {
+    const uint8_t* ws = blocks.data_ptr<uint8_t>();
+    at::Tensor panel = at::empty({std::min(kGemmPanelRows, n_dim), k_dim}, x.options());
+    float* ps = panel.data_ptr<float>();
+    for (int64_t first = 0; first < n_dim; first += kGemmPanelRows) {
+      const int64_t rows = std::min(kGemmPanelRows, n_dim - first);
+      at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          dequantize_row(type, ws + (first + r) * row_bytes, num_blocks, ps + r * k_dim);
+        }
+      });
+      out.slice(1, first, first + rows).copy_(at::mm(x, panel.narrow(0, 0, rows).t()));
+    }
     return out;
   }
   const int64_t num_tiles = (n_dim + kTileRows - 1) / kTileRows;
