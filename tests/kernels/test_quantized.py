@@ -49,7 +49,7 @@ def test_misshapen_blocks_are_refused() -> None:
 
 @needs_vectors
 @pytest.mark.parametrize("name", FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 17, 64, 70])  # 1-2 (AVX2), 1-4: direct_dot
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 17, 64, 70])  # direct 1-2 (AVX2) / 1-4, GEMM 48+
 @pytest.mark.parametrize("out_features", [1, 6, 67])
 def test_cpp_matches_the_oracle(name: str, rows: int, out_features: int) -> None:
     in_features = 512  # two K-quant super-blocks, sixteen 32-blocks

@@ -116,7 +116,7 @@ constexpr int64_t kChunkRows = 64;    // rows of x per chunk
 // From this many rows of x (a prefill chunk), panels of W are dequantized into float32 and
 // multiplied by torch's GEMM: the dequantizing is shared by every row, and the GEMM runs far
 // nearer the CPU's peak than the dot products of the tiles.
-constexpr int64_t kGemmMinRows = 16;
+constexpr int64_t kGemmMinRows = 48;
 constexpr int64_t kGemmPanelRows = 256;  // rows of W per panel (576 KiB at K = 576)
 
 struct Format {
