@@ -9,6 +9,12 @@ tokens part, the reference's top-2 logit gap at that position is recorded: rando
 part float32 computations that sum in different orders.
 
     python -m benchmarks.gguf_greedy [--gguf PATH] [--num-requests 100] [--max-tokens 64]
+        [--quantized-activations int8,float32]
+
+Each value of --quantized-activations is its own Quire run on the same requests: float32
+activations multiply the dequantized weights as transformers does; int8 ones (the default
+serving mode) quantize the activations of short steps to 8 bits as llama.cpp does, so their
+tokens part from the reference wherever the top-2 gap is smaller than that rounding moves it.
 """
 
 from __future__ import annotations
@@ -54,64 +60,82 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("bench/results/gguf_greedy.json"))
+    parser.add_argument(
+        "--quantized-activations",
+        default="int8,float32",
+        help="comma-separated EngineConfig.quantized_activations values, each measured",
+    )
     args = parser.parse_args(argv)
+    modes = [m.strip() for m in args.quantized_activations.split(",") if m.strip()]
 
-    llm = LLM(model=str(args.gguf), dtype="float32")
+    tokenizer = LLM(model=str(args.gguf), dtype="float32").engine.tokenizer
     requests = sharegpt.sample_requests(
-        sharegpt.read_conversations(sharegpt.DEFAULT_PATH),
-        llm.engine.tokenizer,
-        args.num_requests,
-        args.seed,
+        sharegpt.read_conversations(sharegpt.DEFAULT_PATH), tokenizer, args.num_requests, args.seed
     )
     lengths = [min(r.output_len, args.max_tokens) for r in requests]
-    started = time.perf_counter()
-    outputs = llm.generate(
-        [{"prompt_token_ids": r.prompt_token_ids} for r in requests],
-        [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
-        use_tqdm=True,
-    )
-    quire_s = time.perf_counter() - started
+    tokens: dict[str, list[list[int]]] = {}
+    quire_s: dict[str, float] = {}
+    for mode in modes:
+        llm = LLM(model=str(args.gguf), dtype="float32", quantized_activations=mode)
+        started = time.perf_counter()
+        outputs = llm.generate(
+            [{"prompt_token_ids": r.prompt_token_ids} for r in requests],
+            [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths],
+            use_tqdm=True,
+        )
+        quire_s[mode] = time.perf_counter() - started
+        tokens[mode] = [list(out.outputs[0].token_ids) for out in outputs]
+        del llm
     model = AutoModelForCausalLM.from_pretrained(
         args.gguf.parent, gguf_file=args.gguf.name, dtype=torch.float32
     ).eval()
     model.generation_config.eos_token_id = None  # generate EOS like any token, never stop
     model.generation_config.pad_token_id = 0
-    rows = []
+    rows: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     started = time.perf_counter()
-    for r, n, out in tqdm(list(zip(requests, lengths, outputs, strict=True)), desc="transformers"):
+    for i, (r, n) in enumerate(
+        tqdm(list(zip(requests, lengths, strict=True)), desc="transformers")
+    ):
         ref, gaps = reference(model, r.prompt_token_ids, n)
-        got = list(out.outputs[0].token_ids)
-        parted = next((j for j, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), None)
-        rows.append(
-            {
-                "prompt_len": len(r.prompt_token_ids),
-                "output_len": n,
-                "identical": got == ref,
-                "parted_at": parted,
-                "gap_where_parted": None if parted is None else gaps[parted],
-            }
-        )
+        for mode in modes:
+            got = tokens[mode][i]
+            parted = next(
+                (j for j, (a, b) in enumerate(zip(got, ref, strict=False)) if a != b), None
+            )
+            rows[mode].append(
+                {
+                    "prompt_len": len(r.prompt_token_ids),
+                    "output_len": n,
+                    "identical": got == ref,
+                    "parted_at": parted,
+                    "gap_where_parted": None if parted is None else gaps[parted],
+                }
+            )
     hf_s = time.perf_counter() - started
-    identical = sum(row["identical"] for row in rows)
-    result = {
+    result: dict[str, Any] = {
         "gguf": str(args.gguf),
-        "num_requests": len(rows),
+        "num_requests": len(requests),
         "max_tokens": args.max_tokens,
         "seed": args.seed,
-        "identical": identical,
-        "identical_fraction": identical / len(rows),
-        "quire_s": quire_s,
         "transformers_s": hf_s,
-        "requests": rows,
+        "quantized_activations": {},
     }
+    for mode in modes:
+        identical = sum(row["identical"] for row in rows[mode])
+        result["quantized_activations"][mode] = {
+            "identical": identical,
+            "identical_fraction": identical / len(requests),
+            "quire_s": quire_s[mode],
+            "requests": rows[mode],
+        }
+        gaps = [row["gap_where_parted"] for row in rows[mode] if not row["identical"]]
+        print(
+            f"quantized_activations={mode}: {identical} of {len(requests)} requests token for "
+            f"token the same ({identical / len(requests):.1%}); top-2 gaps where they parted: "
+            f"{', '.join(f'{g:.2e}' for g in gaps) or 'none'}"
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
-    gaps = [row["gap_where_parted"] for row in rows if not row["identical"]]
-    print(
-        f"{identical} of {len(rows)} requests token for token the same "
-        f"({identical / len(rows):.1%}); top-2 gaps where they parted: "
-        f"{', '.join(f'{g:.2e}' for g in gaps) or 'none'}"
-    )
     return result
 
 

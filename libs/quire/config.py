@@ -18,6 +18,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30  # KV budget on CPU when num_kv_blocks is N
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # fraction of free GPU memory the KV cache may take
 PREEMPTION_MODES = ("recompute", "swap")  # EngineConfig.preemption_mode's values
 PULL_POLICIES = ("measured", "always")  # EngineConfig.pull_policy's values
+QUANTIZED_ACTIVATIONS = ("int8", "float32")  # EngineConfig.quantized_activations' values
 
 
 def _setting(default: Any, help: str) -> Any:
@@ -66,6 +67,13 @@ class EngineConfig:
         "GiB of host memory for KV blocks of preempted sequences (preemption_mode swap; "
         "least recently used blocks are dropped past it; 0 disables swapping)",
     )
+    quantized_activations: str = _setting(
+        "int8",
+        "how a GGUF's Q8_0, Q4_0 and Q4_1 weights meet a step of fewer than 48 tokens on the "
+        "CPU: int8 (the activations quantized to 8 bits per 32 inputs and multiplied in "
+        "integers, as llama.cpp does) or float32 (the dequantized weights times float32 "
+        "activations, the torch oracle's values); longer steps and other formats are float32",
+    )
     pull_policy: str = _setting(
         "measured",
         "whether to copy an offered prefix from the peer that holds it: measured (only while "
@@ -90,6 +98,10 @@ class EngineConfig:
         if self.pull_policy not in PULL_POLICIES:
             raise ValueError(
                 f"pull_policy must be one of {', '.join(PULL_POLICIES)}, got {self.pull_policy!r}"
+            )
+        if self.quantized_activations not in QUANTIZED_ACTIVATIONS:
+            raise ValueError(
+                f"quantized_activations must be int8 or float32, got {self.quantized_activations!r}"
             )
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(

@@ -102,6 +102,7 @@ class ExecutorSettings(BaseSettings):
     preemption_mode: Literal["recompute", "swap"] = _engine("preemption_mode")
     swap_space: float = _engine("swap_space", ge=0)
     pull_policy: Literal["measured", "always"] = _engine("pull_policy")
+    quantized_activations: Literal["int8", "float32"] = _engine("quantized_activations")
     torch_threads: int = Field(
         default=0,
         ge=0,

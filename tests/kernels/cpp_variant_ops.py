@@ -173,7 +173,8 @@ def _linear_case(dtype: torch.dtype) -> OpCase:
 
 def _quantized_cases() -> list[OpCase]:
     """One linear over each block format's random blocks (float32 activations; bfloat16 ones
-    are converted to float32 before the same kernel)."""
+    are converted to float32 before the same kernel), and one per format int8 activations
+    multiply."""
     g = torch.Generator().manual_seed(6)
     cases = []
     for name in reference_quantized.FORMATS:
@@ -190,6 +191,22 @@ def _quantized_cases() -> list[OpCase]:
                 lambda x=x, blocks=blocks, name=name: reference_quantized.quantized_linear(
                     x, blocks, name
                 ),
+            )
+        )
+    for name in reference_quantized.INT8_FORMATS:
+        x = torch.randn(3, 256, generator=g)
+        blocks = random_blocks(name, 67, 256, seed=8)
+        cases.append(
+            OpCase(
+                f"quantized_linear-{name}-int8",
+                "quantized_linear",
+                torch.float32,
+                lambda x=x, blocks=blocks, name=name: cpp_quantized.quantized_linear(
+                    x, blocks, name, int8_activations=True
+                ),
+                lambda x=x, blocks=blocks, name=name: reference_quantized.quantized_linear_int8(
+                    x, blocks, name
+                ).float(),
             )
         )
     return cases
@@ -230,7 +247,7 @@ def main(out_path: str) -> None:
             continue
         # quantized ones in builds with AVX2 or AVX-512 (quantized_linear_supported, per format)
         if case.op == "quantized_linear" and not cpp_quantized.supports(
-            case.name.removeprefix("quantized_linear-"), case.dtype
+            case.name.split("-")[1], case.dtype
         ):
             continue
         outputs[case.name] = case.cpp().contiguous()

@@ -63,6 +63,56 @@ def test_cpp_matches_the_oracle(name: str, rows: int, out_features: int) -> None
     assert ((got.double() - expected).abs() <= magnitude * in_features * 2.0**-23).all()
 
 
+def test_int8_activations_round_to_within_half_a_step() -> None:
+    x = torch.randn(3, 96, generator=torch.Generator().manual_seed(2)) * 5
+    x[1, 32:64] = 0  # an all-zero run: d = 0, q = 0
+    q, d = reference_quantized.quantize_activations(x)
+    assert q.shape == (3, 3, 32) and d.shape == (3, 3)
+    assert q.abs().max() == 127 and torch.equal(q, q.round())
+    assert (q[1, 1] == 0).all() and d[1, 1] == 0
+    error = (q * d.unsqueeze(-1)).reshape(3, 96) - x
+    assert (error.abs() <= d.repeat_interleave(32, dim=1) / 2 * (1 + 1e-6)).all()
+
+
+@pytest.mark.parametrize("name", reference_quantized.INT8_FORMATS)
+def test_int8_oracle_is_near_the_float_oracle(name: str) -> None:
+    blocks = random_blocks(name, 9, 256, seed=3)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(4))
+    exact = reference_quantized.quantized_linear(x.double(), blocks, name)
+    int8 = reference_quantized.quantized_linear_int8(x, blocks, name)
+    # each x off by at most d / 2 = amax / 254: well under 1% of |x| |W| in all
+    magnitude = x.double().abs() @ reference_quantized.dequantize(blocks, name).double().abs().t()
+    assert ((int8 - exact).abs() <= magnitude / 100).all()
+    assert not torch.allclose(int8, exact, rtol=1e-9, atol=0)
+
+
+def test_int8_oracle_refuses_formats_it_does_not_multiply() -> None:
+    with pytest.raises(ValueError, match="int8 activations multiply Q8_0, Q4_0, Q4_1, not Q4_K"):
+        reference_quantized.quantized_linear_int8(
+            torch.randn(1, 256), random_blocks("Q4_K", 2, 256), "Q4_K"
+        )
+
+
+@needs_vectors
+@pytest.mark.parametrize("name", reference_quantized.INT8_FORMATS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, 47, 48])  # int8 below 48, float from 48
+@pytest.mark.parametrize("out_features", [1, 6, 67])
+def test_cpp_int8_activations_match_their_oracle(name: str, rows: int, out_features: int) -> None:
+    in_features = 512
+    blocks = random_blocks(name, out_features, in_features, seed=rows)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(out_features))
+    got = cpp_quantized.quantized_linear(x, blocks, name, int8_activations=True).double()
+    float_path = reference_quantized.quantized_linear(x.double(), blocks, name)
+    int8_path = reference_quantized.quantized_linear_int8(x, blocks, name)
+    expected = int8_path if rows < 48 else float_path
+    magnitude = x.double().abs() @ reference_quantized.dequantize(blocks, name).double().abs().t()
+    # float32 scales, products and sums in another order than the float64 oracle's
+    assert ((got - expected).abs() <= magnitude * in_features * 2.0**-22).all()
+    # and the path taken is the one asked for (the two oracles are far apart)
+    nearer_int8 = (got - int8_path).abs().sum() < (got - float_path).abs().sum()
+    assert nearer_int8 == (rows < 48)
+
+
 @needs_vectors
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_cpp_returns_the_activations_dtype(dtype: torch.dtype) -> None:

@@ -34,3 +34,16 @@ def test_auto_dtype_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     assert EngineConfig(model="m").resolve_dtype(cpu) == torch.float32
     assert EngineConfig(model="m", dtype="float32").resolve_dtype(cpu) == torch.float32
     assert EngineConfig(model="m").resolve_dtype(torch.device("cuda")) == torch.bfloat16
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"quantized_activations": "int4"}, "quantized_activations must be int8 or float32"),
+        ({"pull_policy": "never"}, "pull_policy must be one of measured, always"),
+        ({"preemption_mode": "drop"}, "preemption_mode must be recompute or swap"),
+    ],
+)
+def test_bad_choices_are_refused_by_name(kwargs: dict[str, str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(model="m", **kwargs)

@@ -41,7 +41,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
     path = resolve_model_path(config.model)
     device = config.resolve_device()
     dtype = config.resolve_dtype(device)
-    model_config, state = load_checkpoint(path, device, dtype)
+    model_config, state = load_checkpoint(
+        path, device, dtype, int8_activations=config.quantized_activations == "int8"
+    )
     # The model is built for the context it serves: rotary tables that long, and LongRoPE's
     # factors chosen by it (quire.model.rope).
     if config.max_model_len is not None and config.max_model_len < model_config.max_model_len:

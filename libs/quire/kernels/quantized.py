@@ -12,9 +12,13 @@ import torch
 from quire.kernels import backends, cpp_quantized, reference_quantized
 
 
-def quantized_linear(x: torch.Tensor, blocks: torch.Tensor, quant: str) -> torch.Tensor:
+def quantized_linear(
+    x: torch.Tensor, blocks: torch.Tensor, quant: str, int8_activations: bool = False
+) -> torch.Tensor:
     """x `[num_tokens, in_features]` times the weight in `blocks` `[out_features, row_bytes]`
-    (format `quant`), transposed: `[num_tokens, out_features]` in x's dtype."""
+    (format `quant`), transposed: `[num_tokens, out_features]` in x's dtype. With
+    `int8_activations` the C++ kernel quantizes x to int8 where it can (cpp_quantized); the
+    oracle always multiplies float32."""
     if backends.kernel_backend(x.device) == "cpp" and cpp_quantized.supports(quant, x.dtype):
-        return cpp_quantized.quantized_linear(x, blocks, quant)
+        return cpp_quantized.quantized_linear(x, blocks, quant, int8_activations)
     return reference_quantized.quantized_linear(x, blocks, quant)

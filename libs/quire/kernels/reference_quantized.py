@@ -146,6 +146,51 @@ def quantized_linear(
     return out.to(x.dtype)
 
 
+INT8_FORMATS = ("Q8_0", "Q4_0", "Q4_1")  # the formats int8 activations multiply
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x `[num_tokens, in_features]` in runs of 32 inputs as int8 activations: q = round(x *
+    (127 / amax)) (half to even; integers in [-127, 127], as float32) `[num_tokens, k, 32]` and
+    d = amax / 127 `[num_tokens, k]`, each a float32 operation, so that x ~ d * q."""
+    runs = x.float().reshape(x.shape[0], -1, 32)
+    amax = runs.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return torch.round(runs * inv.unsqueeze(-1)), amax / 127
+
+
+def _integer_blocks(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, ...]:
+    # [n, row_bytes] uint8 -> the integers q [n, k, 32], d [n, k] and m [n, k] of w = d * q + m
+    n = blocks.shape[0]
+    flat = blocks.reshape(-1, block_format(name).block_bytes)
+    d = _f16(flat[:, 0:2]).reshape(n, -1)
+    if name == "Q8_0":
+        q = flat[:, 2:].contiguous().view(torch.int8).float()
+        return q.reshape(n, -1, 32), d, torch.zeros_like(d)
+    offset = 2 if name == "Q4_0" else 4
+    q = _nibbles(flat[:, offset:], 16).float().reshape(n, -1, 32)
+    m = -8 * d if name == "Q4_0" else _f16(flat[:, 2:4]).reshape(n, -1)
+    return q, d, m
+
+
+def quantized_linear_int8(
+    x: torch.Tensor,  # [num_tokens, in_features]
+    blocks: torch.Tensor,  # [out_features, row_bytes] uint8, a format of INT8_FORMATS
+    name: str,
+) -> torch.Tensor:  # [num_tokens, out_features] float64
+    """x W^T with x as int8 activations (quantize_activations): per 32-block d_w d_x sum(q_w q_x)
+    + m_w d_x sum(q_x), the integer sums exact and the rest in float64 (the C++ kernel's
+    int8_activations computes the same in float32)."""
+    if name not in INT8_FORMATS:
+        raise ValueError(f"int8 activations multiply {', '.join(INT8_FORMATS)}, not {name}")
+    qx, dx = quantize_activations(x)
+    qw, dw, mw = _integer_blocks(blocks, name)
+    dots = torch.einsum("rbk,nbk->rnb", qx.double(), qw.double())  # exact integers
+    sx = dx.double() * qx.double().sum(-1)  # [num_tokens, k]
+    scaled = dots * (dw.double().unsqueeze(0) * dx.double().unsqueeze(1))
+    return scaled.sum(-1) + sx @ mw.double().t()
+
+
 def quantized_embedding(
     ids: torch.Tensor,  # [num_tokens] int64
     blocks: torch.Tensor,  # [vocab, row_bytes] uint8

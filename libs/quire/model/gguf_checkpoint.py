@@ -226,10 +226,10 @@ def model_config(reader: Any) -> ModelConfig:
 
 
 def load_gguf(
-    path: Path, device: torch.device, dtype: torch.dtype
+    path: Path, device: torch.device, dtype: torch.dtype, int8_activations: bool = False
 ) -> tuple[ModelConfig, dict[str, Weight]]:
-    """Config and weights of a GGUF file: blocks kept as they are (QuantizedTensor), float
-    tensors cast to `dtype`, all on `device`."""
+    """Config and weights of a GGUF file: blocks kept as they are (QuantizedTensor, with
+    `int8_activations`), float tensors cast to `dtype`, all on `device`."""
     import torch
     from gguf.quants import dequantize
 
@@ -257,7 +257,7 @@ def load_gguf(
         if fmt is None:
             weights[name] = array.to(dtype)
         else:
-            weights[name] = QuantizedTensor(fmt.name, array, shape[1], dtype)
+            weights[name] = QuantizedTensor(fmt.name, array, shape[1], dtype, int8_activations)
     missing = expected_names(hf_config) - weights.keys()
     if missing:
         raise ValueError(f"GGUF {str(path)!r} lacks tensors for {sorted(missing)}")

@@ -30,12 +30,13 @@ def load_state_dict(
 
 
 def load_checkpoint(
-    model: str | Path, device: torch.device, dtype: torch.dtype
+    model: str | Path, device: torch.device, dtype: torch.dtype, int8_activations: bool = False
 ) -> tuple[ModelConfig, dict[str, Weight]]:
-    """Config and weights of a local checkpoint directory or GGUF file."""
+    """Config and weights of a local checkpoint directory or GGUF file (whose weights in
+    blocks multiply int8 activations where the kernel can, with `int8_activations`)."""
     path = resolve_model_path(model)
     if is_gguf(path):
-        return load_gguf(path, device, dtype)
+        return load_gguf(path, device, dtype, int8_activations)
     config = ModelConfig.from_pretrained(path)
     return config, dict(load_state_dict(path, device, dtype))
 

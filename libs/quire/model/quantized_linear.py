@@ -31,6 +31,9 @@ class QuantizedTensor:
     blocks: torch.Tensor
     in_features: int
     dtype: torch.dtype  # the dtype the model computes in (activations, outputs)
+    # whether the C++ kernel quantizes the activations to int8 where it can
+    # (quire.kernels.quantized.quantized_linear)
+    int8_activations: bool = False
 
     def __post_init__(self) -> None:
         expected = reference_quantized.row_bytes(self.quant, self.in_features)
@@ -69,7 +72,9 @@ def concat_rows(parts: Sequence[Weight]) -> Weight | list[Weight]:
     first = quantized[0]
     if len(quantized) == len(parts) and all(p.quant == first.quant for p in quantized):
         blocks = torch.cat([p.blocks for p in quantized])
-        return QuantizedTensor(first.quant, blocks, first.in_features, first.dtype)
+        return QuantizedTensor(
+            first.quant, blocks, first.in_features, first.dtype, first.int8_activations
+        )
     return list(parts)
 
 
@@ -93,7 +98,7 @@ class QuantizedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         outs = [
-            quantized_kernels.quantized_linear(x, p.blocks, p.quant)
+            quantized_kernels.quantized_linear(x, p.blocks, p.quant, p.int8_activations)
             if isinstance(p, QuantizedTensor)
             else p(x)
             for p in self.parts

@@ -72,7 +72,7 @@ def test_greedy_tokens_equal_transformers_gguf_loader(ggufs: dict[str, Path], na
     assert checkpoint_problem(path) is None
     tokenizer = load_tokenizer(path)
     prompts = [tokenizer.encode(text) for text in PROMPTS]
-    llm = LLM(model=str(path), dtype="float32")
+    llm = LLM(model=str(path), dtype="float32", quantized_activations="float32")
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
     for ids, output in zip(prompts, outputs, strict=True):
@@ -113,7 +113,7 @@ def test_packaged_smollm2_q4_1_serves_as_it_is(smollm2_gguf: Path) -> None:
     tokenizer = load_tokenizer(smollm2_gguf)
     question = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tokenizer.apply_chat_template(question, add_generation_prompt=True)["input_ids"]
-    llm = LLM(model=str(smollm2_gguf), dtype="float32")
+    llm = LLM(model=str(smollm2_gguf), dtype="float32", quantized_activations="float32")
     params = SamplingParams(max_tokens=32, temperature=0.0)
     got = list(llm.generate([{"prompt_token_ids": ids}], params)[0].outputs[0].token_ids)
     assert "Paris" in tokenizer.decode(got)
@@ -124,3 +124,36 @@ def test_packaged_smollm2_q4_1_serves_as_it_is(smollm2_gguf: Path) -> None:
     assert_matches_reference(got, expected, "smollm2 Q4_1")
     # resident weights (quantized blocks, float norms, rotary tables) against the file
     assert resident_bytes(llm.engine.model) <= 1.15 * smollm2_gguf.stat().st_size
+
+
+LOGPROB_TEXTS = [
+    "The capital of France is Paris, and the capital of Germany is Berlin. Rivers that run",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1)",
+    "Photosynthesis is the process by which green plants use sunlight to make food.",
+]
+
+
+def test_int8_activations_keep_smollm2_near_transformers(smollm2_gguf: Path) -> None:
+    """The default int8 activations (quantized_activations) move SmolLM2's logprobs, of the
+    prompts (prefill rows) and of its own greedy tokens (decode rows), by a few hundredths of a
+    nat from transformers' on the dequantized weights; float32 activations (above) are
+    token-exact."""
+    tokenizer = load_tokenizer(smollm2_gguf)
+    prompts = [tokenizer.encode(text) for text in LOGPROB_TEXTS]
+    model = AutoModelForCausalLM.from_pretrained(SMOLLM2_FLOAT, dtype=torch.float32).eval()
+    llm = LLM(model=str(smollm2_gguf), dtype="float32")
+    assert llm.engine.config.quantized_activations == "int8"
+    params = SamplingParams(max_tokens=8, temperature=0.0, logprobs=0, prompt_logprobs=0)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params)
+    for ids, output in zip(prompts, outputs, strict=True):
+        choice = output.outputs[0]
+        assert output.prompt_logprobs is not None and choice.logprobs is not None
+        tokens = ids + list(choice.token_ids)
+        got = [lps[t].logprob for lps, t in zip(output.prompt_logprobs[1:], ids[1:], strict=True)]
+        got += [lps[t].logprob for lps, t in zip(choice.logprobs, choice.token_ids, strict=True)]
+        with torch.inference_mode():
+            logprobs = model(torch.tensor([tokens[:-1]])).logits[0].log_softmax(-1)
+        expected = [logprobs[j, tokens[j + 1]].item() for j in range(len(tokens) - 1)]
+        error = (torch.tensor(got) - torch.tensor(expected)).abs()
+        assert error.mean() < 0.05 and error.max() < 0.3, f"{ids[:4]}: {error.tolist()}"
+        assert error.max() > 0, "int8 activations should not be exact"

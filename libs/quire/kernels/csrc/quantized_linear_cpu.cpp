@@ -22,6 +22,9 @@
 // 8 lanes and 2 rows a pass (8 accumulators, 4 weights and one x of its 16 registers). The
 // thin layer below (Vec, vload, ...) is all that differs.
 //
+// With int8_activations, fewer than kGemmMinRows rows of x against Q8_0 / Q4_0 / Q4_1 are
+// quantized to int8 per 32 inputs and multiplied in integers, as llama.cpp does (int8_linear).
+//
 // Sums are float32 (in another order than the torch oracle's); the dequantized weights are the
 // oracle's (d * q, d * q + m, ... in float32). In a build with neither (cpu_features.h)
 // quantized_linear_supported is false and the model keeps the torch oracle.
@@ -34,6 +37,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -388,6 +392,143 @@ void direct_linear(int64_t type, const float* x, int64_t x_stride, int64_t num_r
 }
 #endif
 
+#if defined(QUIRE_QUANTIZED_VECTOR)
+// int8 activations (quantized_linear's int8_activations, for Q8_0 / Q4_0 / Q4_1 and fewer than
+// kGemmMinRows rows of x): each row of x is quantized per 32 inputs to q = round(x * 127 /
+// amax) in int8 with d = amax / 127 and s = d * sum(q), and each weight block meets it in
+// integer dot products, 32 byte products in one maddubs (unsigned x signed, pairs summed into
+// int16) and one madd (into 8 int32):
+//   Q8_0: d_w d_x sum(q_w q_x)                  (signs moved onto x: |q_w| is the unsigned side)
+//   Q4_1: d_w d_x sum(q_w q_x) + m_w s_x        (nibbles 0..15 are the unsigned side)
+//   Q4_0: d_w d_x sum(q_w q_x) - 8 d_w s_x
+// (reference_quantized.quantized_linear_int8 is the oracle). 256-bit integer vectors in both
+// builds. The weights' bytes are read once, and per block the work is a handful of
+// instructions where the float path widens 32 weights to floats.
+constexpr int kInt8Rows = 4;  // rows of x per pass over a row of W
+
+struct Int8Rows {
+  const int8_t* q;    // [num_rows][K]
+  const float* d;     // [num_rows][num_blocks]
+  const float* s;     // [num_rows][num_blocks]
+  int64_t k_dim;
+  int64_t num_blocks;
+};
+
+// Row r of x into q[K], d[num_blocks], s[num_blocks]: the same float32 operations as the oracle
+// (127 / amax and amax / 127 divided, x * inv rounded half to even).
+void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, float* s) {
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const float* v = x + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(v[i]));
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int qi = static_cast<int>(std::nearbyint(v[i] * inv));
+      q[32 * b + i] = static_cast<int8_t>(qi);
+      sum += qi;
+    }
+    d[b] = amax / 127.0f;
+    s[b] = d[b] * static_cast<float>(sum);
+  }
+}
+
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// out[r * out_stride] = row of W . row r of x, for kRows rows of x starting at row `first`.
+template <int64_t kType, int kRows>
+void int8_dot(const uint8_t* row, const Int8Rows& x, int64_t first, float* out,
+              int64_t out_stride) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m128i low_nibbles = _mm_set1_epi8(0x0F);
+  __m256 acc[kRows];
+  float mins[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    mins[r] = 0.0f;
+  }
+  for (int64_t i = 0; i < x.num_blocks; ++i) {
+    const uint8_t* b = row + i * kBlockBytes<kType>;
+    const float dw = f16(b);
+    __m256i w;
+    float mw = 0.0f;
+    if constexpr (kType == kQ8_0) {
+      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    } else {
+      constexpr int64_t kHeader = kType == kQ4_0 ? 2 : 4;
+      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHeader));
+      w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles),
+                           _mm_and_si128(qs, low_nibbles));
+      mw = kType == kQ4_0 ? -8.0f * dw : f16(b + 2);
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t at = (first + r) * x.num_blocks + i;
+      const __m256i xq = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(x.q + (first + r) * x.k_dim + 32 * i));
+      __m256i pairs;
+      if constexpr (kType == kQ8_0) {
+        pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+      } else {
+        pairs = _mm256_maddubs_epi16(w, xq);
+      }
+      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d[at]), dot, acc[r]);
+      if constexpr (kType != kQ8_0) mins[r] += mw * x.s[at];
+    }
+  }
+  for (int r = 0; r < kRows; ++r) out[r * out_stride] = hsum256(acc[r]) + mins[r];
+}
+
+template <int64_t kType, int kRows = kInt8Rows>
+void int8_rows(int64_t num_rows, const uint8_t* row, const Int8Rows& x, int64_t first,
+               float* out, int64_t out_stride) {
+  if constexpr (kRows > 0) {
+    if (num_rows == kRows) return int8_dot<kType, kRows>(row, x, first, out, out_stride);
+    int8_rows<kType, kRows - 1>(num_rows, row, x, first, out, out_stride);
+  }
+}
+
+// Whether int8_linear takes this call.
+bool takes_int8(int64_t type, int64_t num_rows) {
+  return num_rows < kGemmMinRows && (type == kQ8_0 || type == kQ4_0 || type == kQ4_1);
+}
+
+void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_rows,
+                 const uint8_t* blocks, int64_t row_bytes, int64_t num_blocks, int64_t n_dim,
+                 float* out) {
+  const int64_t k_dim = 32 * num_blocks;
+  std::vector<int8_t> q(num_rows * k_dim);
+  std::vector<float> d(num_rows * num_blocks), s(num_rows * num_blocks);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    quantize_row_int8(xs + r * x_stride, num_blocks, q.data() + r * k_dim,
+                      d.data() + r * num_blocks, s.data() + r * num_blocks);
+  }
+  const Int8Rows x{q.data(), d.data(), s.data(), k_dim, num_blocks};
+  const int64_t grain = std::max<int64_t>(
+      16, (n_dim + at::get_num_threads() - 1) / at::get_num_threads());
+  at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const uint8_t* row = blocks + n * row_bytes;
+      // The row of W stays in L1 while every group of kInt8Rows rows of x meets it.
+      for (int64_t first = 0; first < num_rows; first += kInt8Rows) {
+        const int64_t rows = std::min<int64_t>(kInt8Rows, num_rows - first);
+        float* o = out + first * n_dim + n;
+        switch (type) {
+          case kQ8_0: int8_rows<kQ8_0>(rows, row, x, first, o, n_dim); break;
+          case kQ4_0: int8_rows<kQ4_0>(rows, row, x, first, o, n_dim); break;
+          default: int8_rows<kQ4_1>(rows, row, x, first, o, n_dim); break;
+        }
+      }
+    }
+  });
+}
+#endif
+
 bool supported(int64_t type) {
   Format format;
 #if defined(QUIRE_QUANTIZED_VECTOR)
@@ -402,8 +543,10 @@ bool supported(int64_t type) {
 }  // namespace
 
 // x: [M, K] float32, unit last stride; blocks: [N, K / block_size * block_bytes] uint8, rows
-// contiguous; type: the ggml type id. Returns [M, N] float32.
-at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type) {
+// contiguous; type: the ggml type id; int8_activations: whether fewer than kGemmMinRows rows
+// of x against Q8_0 / Q4_0 / Q4_1 take int8_linear (else x stays float32). Returns [M, N] float32.
+at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type,
+                            bool int8_activations) {
   Format format;
   TORCH_CHECK_VALUE(format_of(type, &format), "quantized_linear: unknown block type ", type);
   TORCH_CHECK_VALUE(supported(type), "quantized_linear does not run on this CPU and build");
@@ -423,6 +566,11 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64
   if (num_rows == 0 || n_dim == 0) return out;
 #if defined(QUIRE_QUANTIZED_VECTOR)
   const int64_t row_bytes = blocks.size(1);
+  if (int8_activations && takes_int8(type, num_rows)) {
+    int8_linear(type, x.data_ptr<float>(), x.stride(0), num_rows, blocks.data_ptr<uint8_t>(),
+                row_bytes, num_blocks, n_dim, out.data_ptr<float>());
+    return out;
+  }
   if (takes_direct(type, num_rows)) {
     direct_linear(type, x.data_ptr<float>(), x.stride(0), num_rows, blocks.data_ptr<uint8_t>(),
                   row_bytes, num_blocks, n_dim, out.data_ptr<float>());
@@ -479,7 +627,7 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64
 bool quantized_linear_supported(int64_t type) { return supported(type); }
 
 TORCH_LIBRARY_FRAGMENT(quire_cpu, m) {
-  m.def("quantized_linear(Tensor x, Tensor blocks, int type) -> Tensor");
+  m.def("quantized_linear(Tensor x, Tensor blocks, int type, bool int8_activations) -> Tensor");
   // whether quantized_linear runs for a block type on this CPU and build
   m.def("quantized_linear_supported(int type) -> bool", &quantized_linear_supported);
 }
