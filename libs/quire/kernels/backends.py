@@ -22,6 +22,7 @@ importing quire.kernels never imports triton.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import TypeVar
@@ -52,11 +53,18 @@ _CPU = torch.device("cpu")
 Family = TypeVar("Family")
 
 
-def kernel_backend(device: torch.device) -> str:
-    """The backend, "cpp", "torch" or "triton", that calls on tensors of this device use."""
-    requested = os.environ.get(BACKEND_ENV_VAR, "auto").strip().lower() or "auto"
+@functools.lru_cache(maxsize=16)
+def _requested_backend(value: str) -> str:
+    requested = value.strip().lower() or "auto"
     if requested not in BACKENDS:
         raise ValueError(f"{BACKEND_ENV_VAR} must be one of {BACKENDS}, got {requested!r}")
+    return requested
+
+
+def kernel_backend(device: torch.device) -> str:
+    """The backend, "cpp", "torch" or "triton", that calls on tensors of this device use
+    (asked on every kernel call: the environment variable is read each time)."""
+    requested = _requested_backend(os.environ.get(BACKEND_ENV_VAR, "auto"))
     if requested != "auto":
         return requested
     if device.type == "cuda":

@@ -96,6 +96,8 @@ def _load() -> _LoadResult:
 
 def unavailable_reason() -> str | None:
     """Why the C++ kernels cannot run in this process, or None when they are loaded."""
+    if _load.cache_info().currsize:  # decided already: every kernel call asks, skip the lock
+        return _load().reason
     with _LOAD_LOCK:
         first_call = _load.cache_info().currsize == 0
         reason = _load().reason

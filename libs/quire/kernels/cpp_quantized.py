@@ -39,8 +39,9 @@ def quantized_linear(
     C++."""
     fmt = reference_quantized.block_format(quant)
     cpp_attention.require_loaded()
-    x32 = x.float()
+    # (decode calls this ~4 times a layer: float32 activations go through without a cast)
+    x32 = x if x.dtype == torch.float32 else x.float()
     if x32.stride(-1) != 1:
         x32 = x32.contiguous()
     out = torch.ops.quire_cpu.quantized_linear(x32, blocks, fmt.ggml_type, int8_activations)
-    return out.to(x.dtype)
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
