@@ -96,7 +96,11 @@ def test_each_subprocess_loaded_the_variant_it_was_told(
 
 def test_every_registered_op_is_compared(variant_outputs: dict[str, VariantOutputs]) -> None:
     compared = {case.op for case in CASES.values()}
-    compared |= {"packed_linear_supported", "quantized_linear_supported"}
+    compared |= {
+        "packed_linear_supported",
+        "quantized_linear_supported",
+        "quantized_linear_int8_rows",
+    }
     for name, (_, metadata) in variant_outputs.items():
         assert set(metadata["ops"].split(",")) == compared, (
             f"{name} registers ops that cpp_variant_ops.py does not call"

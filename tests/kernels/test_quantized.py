@@ -95,7 +95,7 @@ def test_int8_oracle_refuses_formats_it_does_not_multiply() -> None:
 
 @needs_vectors
 @pytest.mark.parametrize("name", reference_quantized.INT8_FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, 47, 48])  # int8 below 48, float from 48
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, 47, 48, 127, 128])  # int8 below 128
 @pytest.mark.parametrize("out_features", [1, 6, 67])
 def test_cpp_int8_activations_match_their_oracle(name: str, rows: int, out_features: int) -> None:
     in_features = 512
@@ -104,13 +104,15 @@ def test_cpp_int8_activations_match_their_oracle(name: str, rows: int, out_featu
     got = cpp_quantized.quantized_linear(x, blocks, name, int8_activations=True).double()
     float_path = reference_quantized.quantized_linear(x.double(), blocks, name)
     int8_path = reference_quantized.quantized_linear_int8(x, blocks, name)
-    expected = int8_path if rows < 48 else float_path
+    int8_rows = rows < cpp_quantized.int8_row_limit()
+    assert cpp_quantized.int8_row_limit() == 128  # the rows above straddle it
+    expected = int8_path if int8_rows else float_path
     magnitude = x.double().abs() @ reference_quantized.dequantize(blocks, name).double().abs().t()
     # float32 scales, products and sums in another order than the float64 oracle's
     assert ((got - expected).abs() <= magnitude * in_features * 2.0**-22).all()
     # and the path taken is the one asked for (the two oracles are far apart)
     nearer_int8 = (got - int8_path).abs().sum() < (got - float_path).abs().sum()
-    assert nearer_int8 == (rows < 48)
+    assert nearer_int8 == int8_rows
 
 
 @needs_vectors

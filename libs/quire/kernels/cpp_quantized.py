@@ -29,12 +29,19 @@ def supports(quant: str, dtype: torch.dtype) -> bool:
     return fmt is not None and dtype.is_floating_point and _supports_type(fmt.ggml_type)
 
 
+@functools.cache
+def int8_row_limit() -> int:
+    """int8 activations apply to calls of fewer rows of x than this (the kernel's choice)."""
+    cpp_attention.require_loaded()
+    return int(torch.ops.quire_cpu.quantized_linear_int8_rows())
+
+
 def quantized_linear(
     x: torch.Tensor, blocks: torch.Tensor, quant: str, int8_activations: bool = False
 ) -> torch.Tensor:
     """x `[num_tokens, in_features]` times the dequantized weight in `blocks`, transposed; in
-    x's dtype. With `int8_activations`, calls of fewer than 48 rows against Q8_0, Q4_0 or Q4_1
-    quantize x to int8 per 32 inputs and multiply in integers
+    x's dtype. With `int8_activations`, calls of fewer than `int8_row_limit()` rows against
+    Q8_0, Q4_0 or Q4_1 quantize x to int8 per 32 inputs and multiply in integers
     (reference_quantized.quantized_linear_int8 is their oracle). Checks shapes and dtypes in
     C++."""
     fmt = reference_quantized.block_format(quant)

@@ -155,7 +155,8 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     d = amax / 127 `[num_tokens, k]`, each a float32 operation, so that x ~ d * q."""
     runs = x.float().reshape(x.shape[0], -1, 32)
     amax = runs.abs().amax(dim=-1)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    # a true division (a Python number over a tensor multiplies by the tensor's reciprocal)
+    inv = torch.where(amax > 0, torch.full_like(amax, 127) / amax, torch.zeros_like(amax))
     return torch.round(runs * inv.unsqueeze(-1)), amax / 127
 
 

@@ -22,7 +22,7 @@
 // 8 lanes and 2 rows a pass (8 accumulators, 4 weights and one x of its 16 registers). The
 // thin layer below (Vec, vload, ...) is all that differs.
 //
-// With int8_activations, fewer than kGemmMinRows rows of x against Q8_0 / Q4_0 / Q4_1 are
+// With int8_activations, fewer than kInt8MaxRows rows of x against Q8_0 / Q4_0 / Q4_1 are
 // quantized to int8 per 32 inputs and multiplied in integers, as llama.cpp does (int8_linear).
 //
 // Sums are float32 (in another order than the torch oracle's); the dequantized weights are the
@@ -121,7 +121,11 @@ constexpr int64_t kChunkRows = 64;    // rows of x per chunk
 // multiplied by torch's GEMM: the dequantizing is shared by every row, and the GEMM runs far
 // nearer the CPU's peak than the dot products of the tiles.
 constexpr int64_t kGemmMinRows = 48;
-constexpr int64_t kGemmPanelRows = 256;  // rows of W per panel (576 KiB at K = 576)
+constexpr int64_t kGemmPanelRows = 256;
+// Below this many rows of x, int8 activations (when asked for) are cheaper per row than the GEMM
+// road: their cost grows with the rows while the road's dequantizing is shared by them all
+// (`python -m benchmarks.quantized_linear --rows 47 64 128 256` measures both sides).
+constexpr int64_t kInt8MaxRows = 128;  // rows of W per panel (576 KiB at K = 576)
 
 struct Format {
   int64_t block_size;
@@ -394,7 +398,7 @@ void direct_linear(int64_t type, const float* x, int64_t x_stride, int64_t num_r
 
 #if defined(QUIRE_QUANTIZED_VECTOR)
 // int8 activations (quantized_linear's int8_activations, for Q8_0 / Q4_0 / Q4_1 and fewer than
-// kGemmMinRows rows of x): each row of x is quantized per 32 inputs to q = round(x * 127 /
+// kInt8MaxRows rows of x): each row of x is quantized per 32 inputs to q = round(x * 127 /
 // amax) in int8 with d = amax / 127 and s = d * sum(q), and each weight block meets it in
 // integer dot products, 32 byte products in one maddubs (unsigned x signed, pairs summed into
 // int16) and one madd (into 8 int32):
@@ -495,7 +499,7 @@ void int8_rows(int64_t num_rows, const uint8_t* row, const Int8Rows& x, int64_t 
 
 // Whether int8_linear takes this call.
 bool takes_int8(int64_t type, int64_t num_rows) {
-  return num_rows < kGemmMinRows && (type == kQ8_0 || type == kQ4_0 || type == kQ4_1);
+  return num_rows < kInt8MaxRows && (type == kQ8_0 || type == kQ4_0 || type == kQ4_1);
 }
 
 void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_rows,
@@ -543,7 +547,7 @@ bool supported(int64_t type) {
 }  // namespace
 
 // x: [M, K] float32, unit last stride; blocks: [N, K / block_size * block_bytes] uint8, rows
-// contiguous; type: the ggml type id; int8_activations: whether fewer than kGemmMinRows rows
+// contiguous; type: the ggml type id; int8_activations: whether fewer than kInt8MaxRows rows
 // of x against Q8_0 / Q4_0 / Q4_1 take int8_linear (else x stays float32). Returns [M, N] float32.
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type,
                             bool int8_activations) {
@@ -626,10 +630,14 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64
 
 bool quantized_linear_supported(int64_t type) { return supported(type); }
 
+int64_t quantized_linear_int8_rows() { return kInt8MaxRows; }
+
 TORCH_LIBRARY_FRAGMENT(quire_cpu, m) {
   m.def("quantized_linear(Tensor x, Tensor blocks, int type, bool int8_activations) -> Tensor");
   // whether quantized_linear runs for a block type on this CPU and build
   m.def("quantized_linear_supported(int type) -> bool", &quantized_linear_supported);
+  // int8_activations apply to calls of fewer rows of x than this
+  m.def("quantized_linear_int8_rows() -> int", &quantized_linear_int8_rows);
 }
 
 TORCH_LIBRARY_IMPL(quire_cpu, CPU, m) { m.impl("quantized_linear", &quantized_linear); }
