@@ -95,7 +95,7 @@ def test_int8_oracle_refuses_formats_it_does_not_multiply() -> None:
 
 @needs_vectors
 @pytest.mark.parametrize("name", reference_quantized.INT8_FORMATS)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, 47, 48, 127, 128])  # int8 below 128
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, 47, 48, 95, 96])  # int8 below 96
 @pytest.mark.parametrize("out_features", [1, 6, 67])
 def test_cpp_int8_activations_match_their_oracle(name: str, rows: int, out_features: int) -> None:
     in_features = 512
@@ -105,7 +105,7 @@ def test_cpp_int8_activations_match_their_oracle(name: str, rows: int, out_featu
     float_path = reference_quantized.quantized_linear(x.double(), blocks, name)
     int8_path = reference_quantized.quantized_linear_int8(x, blocks, name)
     int8_rows = rows < cpp_quantized.int8_row_limit()
-    assert cpp_quantized.int8_row_limit() == 128  # the rows above straddle it
+    assert cpp_quantized.int8_row_limit() == 96  # the rows above straddle it
     expected = int8_path if int8_rows else float_path
     magnitude = x.double().abs() @ reference_quantized.dequantize(blocks, name).double().abs().t()
     # float32 scales, products and sums in another order than the float64 oracle's

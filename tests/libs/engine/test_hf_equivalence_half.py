@@ -16,15 +16,13 @@ from tests.libs.engine.half_precision import Agreement, HalfPrecisionOracle
 
 SMOLLM2 = REPO / "models" / "smollm2-135m-instruct"
 PROMPT_LENGTHS = [1, 7, 16, 17, 33, 64, 150, 256]
+# Four real prompts: on a CPU without native bfloat16 each real-model step is slow, and the
+# random checkpoints cover the shapes and prompt lengths.
 TEXTS = [
     "The capital of France is",
     "def fibonacci(n):\n    ",
     "Once upon a time, in a small village,",
     "Photosynthesis is the process by which",
-    "To make a cup of tea, first",
-    "The three laws of thermodynamics are",
-    "In 1969, Neil Armstrong",
-    "A linked list is a data structure",
 ]
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -121,11 +121,11 @@ constexpr int64_t kChunkRows = 64;    // rows of x per chunk
 // multiplied by torch's GEMM: the dequantizing is shared by every row, and the GEMM runs far
 // nearer the CPU's peak than the dot products of the tiles.
 constexpr int64_t kGemmMinRows = 48;
-constexpr int64_t kGemmPanelRows = 256;
+constexpr int64_t kGemmPanelRows = 256;  // rows of W per panel (576 KiB at K = 576)
 // Below this many rows of x, int8 activations (when asked for) are cheaper per row than the GEMM
 // road: their cost grows with the rows while the road's dequantizing is shared by them all
-// (`python -m benchmarks.quantized_linear --rows 47 64 128 256` measures both sides).
-constexpr int64_t kInt8MaxRows = 128;  // rows of W per panel (576 KiB at K = 576)
+// (`python -m benchmarks.quantized_linear --rows 64 95 96 128` measures both sides).
+constexpr int64_t kInt8MaxRows = 96;
 
 struct Format {
   int64_t block_size;
