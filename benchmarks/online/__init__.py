@@ -16,7 +16,7 @@ its command line: Quire's stack (services.stack.runner.Stack: Redis, memory mana
 OpenAI server from the peer venv (benchmarks.peers.vllm_server, --dtype), llama.cpp's
 llama-server (benchmarks.peers.llamacpp_server, `make peer-llamacpp`) on the GGUF of the same
 weights in that dtype (F32, BF16; "q4_1" is the packaged 4-bit file and "q8_0" an 8-bit one,
-which Quire serves as they are too: `--model file.gguf`, float32 arithmetic on the blocks)
+which Quire serves as they are too: `--model file.gguf`, its default int8 activations)
 and `transformers serve` with continuous batching (via benchmarks.serving_hf, --dtype). All
 serve the same model (default SmolLM2-135M-Instruct); the peers run with HF_HUB_OFFLINE=1.
 Every row of the JSON and the tables is one system in one dtype ("quire float32").

