@@ -70,6 +70,7 @@ def settings_parser(
     for name, field in settings.model_fields.items():
         default = field.default_factory() if field.default_factory else field.default  # type: ignore[call-arg]
         help_text = f"{field.description} [env {env_prefix}{name.upper()}; default {default!r}]"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %
         kind = _flag_type(field.annotation)
         # --flag / --no-flag for booleans (bool("false") would be True)
         options: dict[str, Any] = (

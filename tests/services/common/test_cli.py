@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Annotated
 
 import pytest
@@ -48,6 +49,27 @@ def test_help_names_env_and_default() -> None:
     text = " ".join(settings_parser(_Settings, "test", "test").format_help().split())
     assert "a port [env QUIRE_TEST_PORT; default 1]" in text
     assert "[env QUIRE_TEST_NAMES; default []]" in text
+
+
+def test_help_shows_a_percent_sign_as_written() -> None:
+    class Percent(BaseSettings):
+        share: float = Field(default=0.9, description="90% of the free memory")
+
+    text = settings_parser(Percent, "test", "test").format_help()
+    assert "90% of the free memory" in " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("services.executor.executor_settings", "ExecutorSettings"),
+        ("services.router.router_settings", "RouterSettings"),
+        ("services.memory_manager.manager_settings", "Settings"),
+    ],
+)
+def test_every_service_prints_its_help(module: str, name: str) -> None:
+    settings = getattr(importlib.import_module(module), name)
+    assert "--help" in settings_parser(settings, "service", "service").format_help()
 
 
 def test_bad_values_are_refused_by_the_parser() -> None:
