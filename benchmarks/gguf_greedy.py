@@ -32,6 +32,7 @@ from transformers import AutoModelForCausalLM
 
 from benchmarks.peers.llamacpp_env import gguf_path
 from quire import LLM, SamplingParams
+from quire.model.checkpoint import load_tokenizer
 
 
 def reference(model: Any, prompt: list[int], num_tokens: int) -> tuple[list[int], list[float]]:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     modes = [m.strip() for m in args.quantized_activations.split(",") if m.strip()]
 
-    tokenizer = LLM(model=str(args.gguf), dtype="float32").engine.tokenizer
+    tokenizer = load_tokenizer(args.gguf)
     requests = sharegpt.sample_requests(
         sharegpt.read_conversations(sharegpt.DEFAULT_PATH), tokenizer, args.num_requests, args.seed
     )

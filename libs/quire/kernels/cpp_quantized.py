@@ -2,8 +2,8 @@
 (csrc/quantized_linear_cpu.cpp): each thread dequantizes tiles of the weight's rows into float32
 and multiplies them by the activations with FMAs (float32 sums): 16 lanes in an x86-64-v4 build
 (AVX-512), 8 in an x86-64-v3 one (AVX2, FMA, F16C); or, asked for int8 activations, quantizes
-a few rows of x to int8 and multiplies them by 32-weight blocks in integers. The library is cpp_attention's; in a build
-with neither nothing is supported and the oracle runs.
+a few rows of x to int8 and multiplies them by 32-weight blocks in integers. The library is
+cpp_attention's; in a build with neither nothing is supported and the oracle runs.
 """
 
 from __future__ import annotations

@@ -59,6 +59,16 @@
 
 namespace {
 
+#if defined(QUIRE_QUANTIZED_VECTOR)
+// The sum of 8 float lanes (the AVX2 layer's vsum; int8_linear's sums in both builds).
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
+
 // The vector layer: float lanes, and 16 bytes widened to floats kLanes at a time.
 #if defined(__AVX512F__)
 using Vec = __m512;
@@ -94,12 +104,7 @@ inline Vec vmul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
 inline Vec vsub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
 inline Vec vfmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline float vsum(Vec v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+inline float vsum(Vec v) { return hsum256(v); }
 inline void i8x16_to_vecs(__m128i bytes, Vec* out) {
   out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
   out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)));
@@ -435,13 +440,6 @@ void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, 
     d[b] = amax / 127.0f;
     s[b] = d[b] * static_cast<float>(sum);
   }
-}
-
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 // out[r * out_stride] = row of W . row r of x, for kRows rows of x starting at row `first`.
