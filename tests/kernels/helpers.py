@@ -265,6 +265,10 @@ def random_blocks(name: str, rows: int, in_features: int, seed: int = 0) -> torc
         blocks[..., 0:2] = scales[..., 0:2]
     elif name in ("Q4_1", "Q4_K", "Q5_K"):  # d and m (or dmin)
         blocks[..., 0:4] = scales.reshape(rows, num, 4)
+    elif name == "Q4_Z":  # d, a zero point 0..15, a zero byte
+        blocks[..., 0:2] = scales[..., 0:2]
+        blocks[..., 2] = rng.integers(0, 16, size=(rows, num), dtype=np.uint8)
+        blocks[..., 3] = 0
     else:  # Q6_K: d last
         blocks[..., 208:210] = scales[..., 0:2]
     return torch.from_numpy(blocks.reshape(rows, -1))

@@ -13,6 +13,7 @@ from quire.kernels import cpp_build, cpp_quantized, quantized, reference_quantiz
 from tests.kernels.helpers import random_blocks
 
 FORMATS = list(reference_quantized.FORMATS)
+GGUF_FORMATS = [name for name in FORMATS if name != "Q4_Z"]  # Q4_Z is Quire's own
 # The kernel is compiled for x86-64-v3 (AVX2, FMA, F16C) and x86-64-v4 (AVX-512).
 needs_vectors = pytest.mark.skipif(
     not set(cpp_build.required_cpu_flags("x86-64-v3")) <= set(cpp_build.cpu_flags()),
@@ -20,7 +21,7 @@ needs_vectors = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("name", GGUF_FORMATS)
 def test_dequantize_is_the_gguf_reference_bit_for_bit(name: str) -> None:
     blocks = random_blocks(name, 7, 512)
     expected = gguf_dequantize(blocks.numpy(), gguf.GGMLQuantizationType[name])
@@ -36,6 +37,38 @@ def test_dequantize_round_trips_the_gguf_quantizer(name: str) -> None:
     got = reference_quantized.dequantize(torch.from_numpy(blocks), name)
     bound = {"Q8_0": 0.02, "Q4_0": 0.35, "Q4_1": 0.25}[name]
     assert (got - torch.from_numpy(weight)).abs().max().item() < bound
+
+
+def test_q4_z_is_its_integers_times_the_scale_exactly() -> None:
+    """Q4_Z (no GGUF holds it): each weight is d * (q - z), computed here from the bytes
+    one weight at a time, independently of the oracle's vector code."""
+    blocks = random_blocks("Q4_Z", 3, 64, seed=5)
+    got = reference_quantized.dequantize(blocks, "Q4_Z")
+    for r in range(3):
+        for b in range(2):
+            block = blocks[r, 20 * b : 20 * (b + 1)].tolist()
+            d = float(np.frombuffer(bytes(block[0:2]), dtype=np.float16)[0])
+            for j in range(32):
+                q = block[4 + j % 16] >> (4 * (j // 16)) & 0xF
+                assert got[r, 32 * b + j].item() == d * (q - block[2])
+
+
+@pytest.mark.parametrize("name", reference_quantized.PACKED_FORMATS)
+def test_pack_blocks_holds_exactly_its_integers(name: str) -> None:
+    g = torch.Generator().manual_seed(3)
+    low, high = (-128, 128) if name == "Q8_0" else (0, 16)
+    q = torch.randint(low, high, (5, 96), generator=g)
+    d = (torch.rand(5, 3, generator=g) * 0.02 + 1e-4).half()
+    z = torch.randint(0, 16, (5, 3), generator=g) if name == "Q4_Z" else None
+    blocks = reference_quantized.pack_blocks(name, q, d, z)
+    offset = {"Q8_0": 0, "Q4_0": 8}.get(name)
+    zero = z.repeat_interleave(32, 1) if z is not None else offset
+    expected = (q - zero).double() * d.double().repeat_interleave(32, 1)
+    assert torch.equal(reference_quantized.dequantize(blocks, name).double(), expected)
+    with pytest.raises(ValueError, match="integers lie in"):
+        reference_quantized.pack_blocks(name, q + 300, d, z)
+    with pytest.raises(ValueError, match="float16"):
+        reference_quantized.pack_blocks(name, q, d.float(), z)
 
 
 def test_misshapen_blocks_are_refused() -> None:
@@ -87,7 +120,9 @@ def test_int8_oracle_is_near_the_float_oracle(name: str) -> None:
 
 
 def test_int8_oracle_refuses_formats_it_does_not_multiply() -> None:
-    with pytest.raises(ValueError, match="int8 activations multiply Q8_0, Q4_0, Q4_1, not Q4_K"):
+    with pytest.raises(
+        ValueError, match="int8 activations multiply Q8_0, Q4_0, Q4_1, Q4_Z, not Q4_K"
+    ):
         reference_quantized.quantized_linear_int8(
             torch.randn(1, 256), random_blocks("Q4_K", 2, 256), "Q4_K"
         )

@@ -1,12 +1,11 @@
-"""llama.cpp's block formats (GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) and the plain torch
-oracle of a linear layer over them: dequantize the whole weight, then multiply.
+"""llama.cpp's block formats (GGUF's Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), Quire's own Q4_Z, and
+the plain torch oracle of a linear layer over them: dequantize the whole weight, then multiply.
 
 A quantized weight `[out_features, in_features]` is kept as its file holds it: a uint8 tensor
 `[out_features, in_features / block_size * block_bytes]`, each row its blocks end to end, every
 block one run of `block_size` consecutive inputs. `dequantize` computes exactly what the `gguf`
 package's numpy reference (`gguf.quants.dequantize`) computes, operation for operation in
-float32, so the two agree bit for bit; the C++ (cpp_quantized.py) and Triton
-(triton_quantized.py) kernels are tested against it.
+float32, so the two agree bit for bit; the C++ kernel (cpp_quantized.py) is tested against it.
 
 Layouts (ggml's `block_*` structs; d, dmin and m are float16):
   Q8_0  34 B / 32:  d, qs int8[32]                        w = d * q
@@ -18,6 +17,9 @@ Layouts (ggml's `block_*` structs; d, dmin and m are float16):
         then high nibbles)
   Q5_K 176 B / 256: d, dmin, scales[12], qh[32], qs[128]  as Q4_K, q + 16 * (bit i of qh)
   Q6_K 210 B / 256: ql[128], qh[64], scales int8[16], d   w = d * sc * (q - 32), 16 sub-blocks
+  Q4_Z  20 B / 32:  d, z uint8, 0, qs[16] (as Q4_1)        w = d * (q - z)
+        (no GGUF holds it: AWQ's and asymmetric GPTQ's 4-bit weights with their integer zero
+        points, quire.model.quantized_checkpoint; its type id is Quire's, from 1000)
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ import torch.nn.functional as F
 
 @dataclass(frozen=True)
 class BlockFormat:
-    """One block format: its name in GGUF, ggml's type id, inputs and bytes per block."""
+    """One block format: its name, its type id (ggml's, or Quire's own from 1000), inputs and
+    bytes per block."""
 
     name: str
-    ggml_type: int  # gguf.GGMLQuantizationType value
+    ggml_type: int  # gguf.GGMLQuantizationType value, or Quire's own (from 1000)
     block_size: int  # inputs per block
     block_bytes: int
 
@@ -47,6 +50,7 @@ FORMATS: dict[str, BlockFormat] = {
         BlockFormat("Q4_K", 12, 256, 144),
         BlockFormat("Q5_K", 13, 256, 176),
         BlockFormat("Q6_K", 14, 256, 210),
+        BlockFormat("Q4_Z", 1000, 32, 20),
     )
 }
 FORMATS_BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
@@ -100,6 +104,9 @@ def _dequantize_blocks(blocks: torch.Tensor, name: str) -> torch.Tensor:
     if name == "Q4_1":
         q = _nibbles(blocks[:, 4:], 16).float()
         return _f16(blocks[:, 0:2]) * q + _f16(blocks[:, 2:4])
+    if name == "Q4_Z":  # (q - z) * d: exact in float32
+        q = _nibbles(blocks[:, 4:], 16).float() - blocks[:, 2:3].float()
+        return _f16(blocks[:, 0:2]) * q
     if name in ("Q4_K", "Q5_K"):
         sc, mn = _k_scales(blocks[:, 4:16])
         d = (_f16(blocks[:, 0:2]) * sc).reshape(n, 8, 1)
@@ -146,7 +153,7 @@ def quantized_linear(
     return out.to(x.dtype)
 
 
-INT8_FORMATS = ("Q8_0", "Q4_0", "Q4_1")  # the formats int8 activations multiply
+INT8_FORMATS = ("Q8_0", "Q4_0", "Q4_1", "Q4_Z")  # the formats int8 activations multiply
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -170,7 +177,12 @@ def _integer_blocks(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, ...]
         return q.reshape(n, -1, 32), d, torch.zeros_like(d)
     offset = 2 if name == "Q4_0" else 4
     q = _nibbles(flat[:, offset:], 16).float().reshape(n, -1, 32)
-    m = -8 * d if name == "Q4_0" else _f16(flat[:, 2:4]).reshape(n, -1)
+    if name == "Q4_0":
+        m = -8 * d
+    elif name == "Q4_Z":
+        m = -d * flat[:, 2].float().reshape(n, -1)
+    else:
+        m = _f16(flat[:, 2:4]).reshape(n, -1)
     return q, d, m
 
 
@@ -190,6 +202,43 @@ def quantized_linear_int8(
     sx = dx.double() * qx.double().sum(-1)  # [num_tokens, k]
     scaled = dots * (dw.double().unsqueeze(0) * dx.double().unsqueeze(1))
     return scaled.sum(-1) + sx @ mw.double().t()
+
+
+PACKED_FORMATS = ("Q8_0", "Q4_0", "Q4_Z")  # the formats pack_blocks writes
+
+
+def pack_blocks(
+    name: str,
+    q: torch.Tensor,  # [rows, in_features] integers: Q8_0 -128..127, Q4_0 and Q4_Z 0..15
+    d: torch.Tensor,  # [rows, in_features / 32] float16 scales
+    z: torch.Tensor | None = None,  # Q4_Z: [rows, in_features / 32] zero points 0..15
+) -> torch.Tensor:  # [rows, row_bytes] uint8
+    """Blocks of `name` holding exactly w = d * q (Q8_0), d * (q - 8) (Q4_0) or d * (q - z)
+    (Q4_Z), one scale (and zero point) per 32 inputs; ValueError for integers out of range."""
+    if name not in PACKED_FORMATS:
+        raise ValueError(f"pack_blocks writes {', '.join(PACKED_FORMATS)}, not {name}")
+    rows, in_features = q.shape
+    low, high = (-128, 127) if name == "Q8_0" else (0, 15)
+    if in_features % 32 or d.shape != (rows, in_features // 32) or d.dtype != torch.float16:
+        raise ValueError(
+            f"{name}: d must be float16 [{rows}, {in_features} / 32], got "
+            f"{tuple(d.shape)} {d.dtype}"
+        )
+    if q.numel() and (int(q.min()) < low or int(q.max()) > high):
+        raise ValueError(f"{name} integers lie in [{low}, {high}]")
+    runs = q.reshape(rows, -1, 32)
+    scales = d.reshape(rows, -1, 1).view(torch.uint8).reshape(rows, -1, 2)
+    if name == "Q8_0":
+        body = runs.to(torch.int8).view(torch.uint8)
+    else:
+        nibbles = runs.to(torch.uint8)
+        body = nibbles[..., :16] | (nibbles[..., 16:] << 4)
+    if name == "Q4_Z":
+        if z is None or z.shape != d.shape or int(z.min()) < 0 or int(z.max()) > 15:
+            raise ValueError("Q4_Z needs zero points z in [0, 15], shaped as d")
+        zero = torch.stack([z.to(torch.uint8), torch.zeros_like(z, dtype=torch.uint8)], -1)
+        scales = torch.cat([scales, zero], dim=-1)
+    return torch.cat([scales, body], dim=-1).reshape(rows, -1).contiguous()
 
 
 def quantized_embedding(

@@ -117,8 +117,16 @@ inline void u8x16_to_vecs(__m128i bytes, Vec* out) {
 constexpr int64_t kRowsPerPass = 1;
 #endif
 
-// ggml type ids (gguf.GGMLQuantizationType) of the formats here.
+// ggml type ids (gguf.GGMLQuantizationType) of the formats here, and Quire's own Q4_Z (ids from
+// 1000: no GGUF holds them): Q4_1's layout with an integer zero point z in place of the float16
+// min, w = d * (q - z), as AWQ and asymmetric GPTQ checkpoints quantize.
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+constexpr int64_t kQ4_Z = 1000;
+
+// The 32-weight formats: their blocks meet x block by block (direct and int8 paths).
+constexpr bool is_small_block(int64_t type) {
+  return type == kQ8_0 || type == kQ4_0 || type == kQ4_1 || type == kQ4_Z;
+}
 
 constexpr int64_t kTileRows = 4;      // rows of W per tile
 constexpr int64_t kChunkRows = 64;    // rows of x per chunk
@@ -141,6 +149,7 @@ bool format_of(int64_t type, Format* out) {
   switch (type) {
     case kQ4_0: *out = {32, 18}; return true;
     case kQ4_1: *out = {32, 20}; return true;
+    case kQ4_Z: *out = {32, 20}; return true;
     case kQ8_0: *out = {32, 34}; return true;
     case kQ4_K: *out = {256, 144}; return true;
     case kQ5_K: *out = {256, 176}; return true;
@@ -157,6 +166,12 @@ inline float f16(const uint8_t* p) {
 #else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 #endif
+}
+
+// The m of w = d * q + m in a Q4_1 block (its float16 min) or a Q4_Z one (-d * z: exact in
+// float32, d having 11 significant bits and z 4).
+inline float block_min(int64_t type, const uint8_t* b, float d) {
+  return type == kQ4_Z ? -d * static_cast<float>(b[2]) : f16(b + 2);
 }
 
 // Q4_K / Q5_K: sub-block j's 6-bit scale and min (ggml's get_scale_min_k4).
@@ -221,8 +236,9 @@ constexpr int kBlockVecs = 32 / kLanes;  // vectors per 32-weight block
 template <int64_t kType>
 constexpr int64_t kBlockBytes = kType == kQ8_0 ? 34 : (kType == kQ4_0 ? 18 : 20);
 
-// One 32-weight block of Q8_0, Q4_0 or Q4_1 into w[kBlockVecs], as the oracle computes it:
-// d * q, d * (q - 8), d * q + m (two roundings, no FMA) in float32.
+// One 32-weight block of Q8_0, Q4_0, Q4_1 or Q4_Z into w[kBlockVecs], as the oracle computes it:
+// d * q, d * (q - 8), d * q + m (two roundings, no FMA) in float32 (Q4_Z: m = -d * z, exact,
+// so each weight is d * (q - z) exactly).
 template <int64_t kType>
 inline void dequantize_block(const uint8_t* b, Vec* w) {
   constexpr int kVecs = 16 / kLanes;  // vectors per 16 bytes
@@ -243,7 +259,7 @@ inline void dequantize_block(const uint8_t* b, Vec* w) {
       const Vec eight = vset1(8.0f);
       for (int j = 0; j < kBlockVecs; ++j) w[j] = vmul(d, vsub(w[j], eight));
     } else {
-      const Vec m = vset1(f16(b + 2));
+      const Vec m = vset1(block_min(kType, b, f16(b)));
       for (int j = 0; j < kBlockVecs; ++j) w[j] = vadd(vmul(d, w[j]), m);
     }
   }
@@ -267,10 +283,11 @@ void dequantize_blocks(const uint8_t* row, int64_t num_blocks, float* out) {
     case kQ8_0: return dequantize_blocks<kQ8_0>(row, num_blocks, out);
     case kQ4_0: return dequantize_blocks<kQ4_0>(row, num_blocks, out);
     case kQ4_1: return dequantize_blocks<kQ4_1>(row, num_blocks, out);
+    case kQ4_Z: return dequantize_blocks<kQ4_Z>(row, num_blocks, out);
     default: break;
   }
 #endif
-  if (type == kQ8_0 || type == kQ4_0 || type == kQ4_1) {  // builds without vectors
+  if (is_small_block(type)) {  // builds without vectors
     const int64_t bytes = type == kQ8_0 ? 34 : (type == kQ4_0 ? 18 : 20);
     for (int64_t i = 0; i < num_blocks; ++i, row += bytes, out += 32) {
       const float d = f16(row);
@@ -280,7 +297,7 @@ void dequantize_blocks(const uint8_t* row, int64_t num_blocks, float* out) {
         } else {
           const uint8_t byte = row[(type == kQ4_0 ? 2 : 4) + j % 16];
           const int q = j < 16 ? byte & 0xF : byte >> 4;
-          out[j] = type == kQ4_0 ? d * static_cast<float>(q - 8) : d * q + f16(row + 2);
+          out[j] = type == kQ4_0 ? d * static_cast<float>(q - 8) : d * q + block_min(type, row, d);
         }
       }
     }
@@ -339,7 +356,7 @@ void dot_rows(const float* x, int64_t x_stride, int64_t num_rows, const float* w
 #endif
 
 #if defined(QUIRE_QUANTIZED_VECTOR)
-// Decode's few rows of x (at most kDirectRows) against Q8_0 / Q4_0 / Q4_1 weights: each row of W
+// Decode's few rows of x (at most kDirectRows) against 32-weight blocks: each row of W
 // is dequantized block by block into registers and multiplied at once, with no scratch (the
 // same dequantized values, the same float32 FMAs, another summation order): kRows x
 // kBlockVecs accumulators, so consecutive FMAs do not wait on each other.
@@ -379,7 +396,7 @@ void direct_rows(int64_t num_rows, const uint8_t* row, int64_t num_blocks, const
 
 // Whether direct_rows takes this call.
 bool takes_direct(int64_t type, int64_t num_rows) {
-  return num_rows <= kDirectRows && (type == kQ8_0 || type == kQ4_0 || type == kQ4_1);
+  return num_rows <= kDirectRows && is_small_block(type);
 }
 
 void direct_linear(int64_t type, const float* x, int64_t x_stride, int64_t num_rows,
@@ -394,6 +411,7 @@ void direct_linear(int64_t type, const float* x, int64_t x_stride, int64_t num_r
       switch (type) {
         case kQ8_0: direct_rows<kQ8_0>(num_rows, row, num_blocks, x, x_stride, o, n_dim); break;
         case kQ4_0: direct_rows<kQ4_0>(num_rows, row, num_blocks, x, x_stride, o, n_dim); break;
+        case kQ4_Z: direct_rows<kQ4_Z>(num_rows, row, num_blocks, x, x_stride, o, n_dim); break;
         default: direct_rows<kQ4_1>(num_rows, row, num_blocks, x, x_stride, o, n_dim); break;
       }
     }
@@ -402,13 +420,14 @@ void direct_linear(int64_t type, const float* x, int64_t x_stride, int64_t num_r
 #endif
 
 #if defined(QUIRE_QUANTIZED_VECTOR)
-// int8 activations (quantized_linear's int8_activations, for Q8_0 / Q4_0 / Q4_1 and fewer than
+// int8 activations (quantized_linear's int8_activations, for 32-weight blocks and fewer than
 // kInt8MaxRows rows of x): each row of x is quantized per 32 inputs to q = round(x * 127 /
 // amax) in int8 with d = amax / 127 and s = d * sum(q), and each weight block meets it in
 // integer dot products, 32 byte products in one maddubs (unsigned x signed, pairs summed into
 // int16) and one madd (into 8 int32):
 //   Q8_0: d_w d_x sum(q_w q_x)                  (signs moved onto x: |q_w| is the unsigned side)
 //   Q4_1: d_w d_x sum(q_w q_x) + m_w s_x        (nibbles 0..15 are the unsigned side)
+//   Q4_Z: as Q4_1 with m_w = -d_w z_w
 //   Q4_0: d_w d_x sum(q_w q_x) - 8 d_w s_x
 // (reference_quantized.quantized_linear_int8 is the oracle). 256-bit integer vectors in both
 // builds. The weights' bytes are read once, and per block the work is a handful of
@@ -466,7 +485,7 @@ void int8_dot(const uint8_t* row, const Int8Rows& x, int64_t first, float* out,
       const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHeader));
       w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles),
                            _mm_and_si128(qs, low_nibbles));
-      mw = kType == kQ4_0 ? -8.0f * dw : f16(b + 2);
+      mw = kType == kQ4_0 ? -8.0f * dw : block_min(kType, b, dw);
     }
     for (int r = 0; r < kRows; ++r) {
       const int64_t at = (first + r) * x.num_blocks + i;
@@ -497,7 +516,7 @@ void int8_rows(int64_t num_rows, const uint8_t* row, const Int8Rows& x, int64_t 
 
 // Whether int8_linear takes this call.
 bool takes_int8(int64_t type, int64_t num_rows) {
-  return num_rows < kInt8MaxRows && (type == kQ8_0 || type == kQ4_0 || type == kQ4_1);
+  return num_rows < kInt8MaxRows && is_small_block(type);
 }
 
 void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_rows,
@@ -523,6 +542,7 @@ void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_ro
         switch (type) {
           case kQ8_0: int8_rows<kQ8_0>(rows, row, x, first, o, n_dim); break;
           case kQ4_0: int8_rows<kQ4_0>(rows, row, x, first, o, n_dim); break;
+          case kQ4_Z: int8_rows<kQ4_Z>(rows, row, x, first, o, n_dim); break;
           default: int8_rows<kQ4_1>(rows, row, x, first, o, n_dim); break;
         }
       }
@@ -546,7 +566,7 @@ bool supported(int64_t type) {
 
 // x: [M, K] float32, unit last stride; blocks: [N, K / block_size * block_bytes] uint8, rows
 // contiguous; type: the ggml type id; int8_activations: whether fewer than kInt8MaxRows rows
-// of x against Q8_0 / Q4_0 / Q4_1 take int8_linear (else x stays float32). Returns [M, N] float32.
+// of x against 32-weight blocks take int8_linear (else x stays float32). Returns [M, N] float32.
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type,
                             bool int8_activations) {
   Format format;
