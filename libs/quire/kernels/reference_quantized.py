@@ -17,7 +17,7 @@ Layouts (ggml's `block_*` structs; d, dmin and m are float16):
         then high nibbles)
   Q5_K 176 B / 256: d, dmin, scales[12], qh[32], qs[128]  as Q4_K, q + 16 * (bit i of qh)
   Q6_K 210 B / 256: ql[128], qh[64], scales int8[16], d   w = d * sc * (q - 32), 16 sub-blocks
-  Q4_Z  20 B / 32:  d, z uint8, 0, qs[16] (as Q4_1)        w = d * (q - z)
+  Q4_Z  20 B / 32:  d, z uint8, 0, qs[16] (as Q4_1)        w = d * (q - z) (exact)
         (no GGUF holds it: AWQ's and asymmetric GPTQ's 4-bit weights with their integer zero
         points, quire.model.quantized_checkpoint; its type id is Quire's, from 1000)
 """
@@ -211,7 +211,7 @@ def pack_blocks(
     name: str,
     q: torch.Tensor,  # [rows, in_features] integers: Q8_0 -128..127, Q4_0 and Q4_Z 0..15
     d: torch.Tensor,  # [rows, in_features / 32] float16 scales
-    z: torch.Tensor | None = None,  # Q4_Z: [rows, in_features / 32] zero points 0..15
+    z: torch.Tensor | None = None,  # Q4_Z: [rows, in_features / 32] zero points 0..255
 ) -> torch.Tensor:  # [rows, row_bytes] uint8
     """Blocks of `name` holding exactly w = d * q (Q8_0), d * (q - 8) (Q4_0) or d * (q - z)
     (Q4_Z), one scale (and zero point) per 32 inputs; ValueError for integers out of range."""
@@ -227,15 +227,15 @@ def pack_blocks(
     if q.numel() and (int(q.min()) < low or int(q.max()) > high):
         raise ValueError(f"{name} integers lie in [{low}, {high}]")
     runs = q.reshape(rows, -1, 32)
-    scales = d.reshape(rows, -1, 1).view(torch.uint8).reshape(rows, -1, 2)
+    scales = d.contiguous().reshape(rows, -1, 1).view(torch.uint8).reshape(rows, -1, 2)
     if name == "Q8_0":
         body = runs.to(torch.int8).view(torch.uint8)
     else:
         nibbles = runs.to(torch.uint8)
         body = nibbles[..., :16] | (nibbles[..., 16:] << 4)
     if name == "Q4_Z":
-        if z is None or z.shape != d.shape or int(z.min()) < 0 or int(z.max()) > 15:
-            raise ValueError("Q4_Z needs zero points z in [0, 15], shaped as d")
+        if z is None or z.shape != d.shape or int(z.min()) < 0 or int(z.max()) > 255:
+            raise ValueError("Q4_Z needs zero points z in [0, 255] (a byte), shaped as d")
         zero = torch.stack([z.to(torch.uint8), torch.zeros_like(z, dtype=torch.uint8)], -1)
         scales = torch.cat([scales, zero], dim=-1)
     return torch.cat([scales, body], dim=-1).reshape(rows, -1).contiguous()

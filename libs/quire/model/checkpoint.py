@@ -9,6 +9,7 @@ Nothing here imports torch at module level, so services check their model settin
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,12 +20,50 @@ if TYPE_CHECKING:
     from quire.model.model_config import ModelConfig
 
 
+QUANTIZATION_METHODS = ("awq", "gptq", "compressed-tensors")
+COMPRESSED_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
+
+
+def quantization_problem(quantization: Mapping[str, Any]) -> str | None:
+    """What keeps a config.json `quantization_config` from loading, or None: completes
+    "the checkpoint's quantization ..."."""
+    method = quantization.get("quant_method")
+    if method not in QUANTIZATION_METHODS:
+        methods = ", ".join(QUANTIZATION_METHODS)
+        return f"method {method!r} is not supported ({methods} are, and GGUF files)"
+    if method == "awq":
+        version = str(quantization.get("version", "gemm")).lower()
+        if version != "gemm":
+            return f"AWQ version {version!r} is not supported (gemm is)"
+        if quantization.get("bits", quantization.get("w_bit", 4)) != 4:
+            return "AWQ with other than 4 bits is not supported"
+    if method == "gptq":
+        if quantization.get("bits") not in (4, 8):
+            return f"GPTQ with {quantization.get('bits')} bits is not supported (4 and 8 are)"
+        fmt = quantization.get("checkpoint_format", "gptq")
+        if fmt not in ("gptq", "gptq_v2"):
+            return f"GPTQ checkpoint_format {fmt!r} is not supported (gptq and gptq_v2 are)"
+    if method == "compressed-tensors":
+        formats = {quantization.get("format")}
+        for group in (quantization.get("config_groups") or {}).values():
+            if isinstance(group, Mapping) and group.get("format"):
+                formats.add(group["format"])
+        unknown = sorted(str(f) for f in formats - {None, *COMPRESSED_FORMATS})
+        if unknown:
+            return (
+                f"compressed-tensors format {', '.join(unknown)} is not supported "
+                f"({', '.join(COMPRESSED_FORMATS)} are)"
+            )
+    return None
+
+
 def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str | None:
     """What keeps `model` from loading as a checkpoint, or None when nothing does.
 
     A `.gguf` path is checked as a GGUF file (gguf_checkpoint.gguf_problem). A directory is
     checked, in order: the path exists and is a directory, its config.json parses and names a
-    supported architecture, and (with `need_weights`) its *.safetensors files are there. The
+    supported architecture, its quantization (if any) is one Quire loads
+    (quantized_checkpoint), and (with `need_weights`) its *.safetensors files are there. The
     answer completes a sentence about the path: "does not exist (...)", "has no config.json".
     """
     path = Path(model).expanduser()
@@ -47,6 +86,11 @@ def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str |
     if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
         found = ", ".join(map(str, architectures)) or "none named in config.json"
         return f"has an {unsupported_message(found)}"
+    quantization = config.get("quantization_config")
+    if isinstance(quantization, dict) and quantization:
+        problem = quantization_problem(quantization)
+        if problem is not None:
+            return f"has a quantization Quire does not load: {problem}"
     if need_weights:
         try:
             safetensors_files(path)

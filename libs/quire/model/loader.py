@@ -1,6 +1,6 @@
 """Read a local checkpoint (a Hugging Face directory: config and safetensors weights, sharded
-or not; or a GGUF file, its quantized weights kept in their blocks) and build its
-architecture's model."""
+or not, float or quantized by AWQ, GPTQ or compressed-tensors; or a GGUF file, its quantized
+weights kept in their blocks) and build its architecture's model."""
 
 from __future__ import annotations
 
@@ -14,18 +14,21 @@ from quire.model.checkpoint import resolve_model_path, safetensors_files
 from quire.model.decoder import DecoderModel
 from quire.model.gguf_checkpoint import is_gguf, load_gguf
 from quire.model.model_config import ModelConfig
+from quire.model.quantized_checkpoint import load_quantized_weights, quantization_config
 from quire.model.quantized_linear import Weight
 
 
 def load_state_dict(
-    path: Path, device: torch.device, dtype: torch.dtype
+    path: Path, device: torch.device, dtype: torch.dtype | None
 ) -> dict[str, torch.Tensor]:
-    """All tensors of the checkpoint, cast to `dtype` on `device`."""
+    """All tensors of the checkpoint, cast to `dtype` on `device` (None: as stored, on the
+    CPU)."""
     tensors: dict[str, torch.Tensor] = {}
     for file in safetensors_files(path):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                tensors[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+                tensor = f.get_tensor(name)
+                tensors[name] = tensor if dtype is None else tensor.to(device=device, dtype=dtype)
     return tensors
 
 
@@ -38,6 +41,10 @@ def load_checkpoint(
     if is_gguf(path):
         return load_gguf(path, device, dtype, int8_activations)
     config = ModelConfig.from_pretrained(path)
+    quantization = quantization_config(path)
+    if quantization is not None:
+        stored = load_state_dict(path, device, None)
+        return config, load_quantized_weights(stored, quantization, device, dtype, int8_activations)
     return config, dict(load_state_dict(path, device, dtype))
 
 

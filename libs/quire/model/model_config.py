@@ -196,15 +196,12 @@ class ModelConfig:
             raise ValueError(unsupported_message(", ".join(archs) or hf.model_type))
         quantization = getattr(hf, "quantization_config", None)
         if quantization:
-            method = (
-                quantization.get("quant_method", "unnamed")
-                if isinstance(quantization, dict)
-                else getattr(quantization, "quant_method", "unnamed")
-            )
-            raise ValueError(
-                f"quantized safetensors checkpoints are not supported (quant_method {method}); "
-                "Quire loads float safetensors checkpoints and GGUF files"
-            )
+            from quire.model.checkpoint import quantization_problem
+
+            settings = quantization if isinstance(quantization, dict) else quantization.to_dict()
+            problem = quantization_problem(settings)
+            if problem is not None:
+                raise ValueError(f"the checkpoint's quantization {problem}")
         max_len = int(hf.max_position_embeddings)
         eos = hf.eos_token_id
         eos_ids = tuple(eos) if isinstance(eos, list | tuple) else (() if eos is None else (eos,))

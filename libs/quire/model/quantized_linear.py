@@ -6,8 +6,8 @@ rows' blocks (quire.kernels.reference_quantized), plus the dtype the model compu
 `QuantizedLinear` is a linear layer on the same interface as quire.model.linear.Linear (called
 on `[num_tokens, in_features]`, returns `[num_tokens, out_features]` in the activations' dtype);
 which kernel multiplies is quire.kernels.quantized's rule. Weights fused along the output
-dimension (q/k/v, gate/up) are their parts' rows end to end when the parts share a format, else
-one product per part.
+dimension (q/k/v, gate/up) are their parts' rows end to end when the parts share a format (and an input
+order), else one product per part.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class QuantizedTensor:
     # whether the C++ kernel quantizes the activations to int8 where it can
     # (quire.kernels.quantized.quantized_linear)
     int8_activations: bool = False
+    # `[in_features]` int64 or None: the blocks hold the weight's inputs in this order (act-order
+    # GPTQ's groups made whole), and the kernel multiplies x[:, input_order]
+    input_order: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         expected = reference_quantized.row_bytes(self.quant, self.in_features)
@@ -54,8 +57,15 @@ class QuantizedTensor:
         return self.blocks.numel()
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 weight (the oracle's)."""
-        return reference_quantized.dequantize(self.blocks, self.quant)
+        """The float32 weight (the oracle's), its inputs in x's order."""
+        weight = reference_quantized.dequantize(self.blocks, self.quant)
+        if self.input_order is None:
+            return weight
+        return torch.empty_like(weight).index_copy_(1, self.input_order, weight)
+
+    def inputs(self, x: torch.Tensor) -> torch.Tensor:
+        """x `[num_tokens, in_features]` in the order of the blocks' inputs."""
+        return x if self.input_order is None else x.index_select(-1, self.input_order)
 
 
 Weight = torch.Tensor | QuantizedTensor
@@ -70,12 +80,23 @@ def concat_rows(parts: Sequence[Weight]) -> Weight | list[Weight]:
         return torch.cat(tensors)
     quantized = [p for p in parts if isinstance(p, QuantizedTensor)]
     first = quantized[0]
-    if len(quantized) == len(parts) and all(p.quant == first.quant for p in quantized):
+    if len(quantized) == len(parts) and all(
+        p.quant == first.quant and _same_order(p.input_order, first.input_order) for p in quantized
+    ):
         blocks = torch.cat([p.blocks for p in quantized])
         return QuantizedTensor(
-            first.quant, blocks, first.in_features, first.dtype, first.int8_activations
+            first.quant,
+            blocks,
+            first.in_features,
+            first.dtype,
+            first.int8_activations,
+            first.input_order,
         )
     return list(parts)
+
+
+def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
 class QuantizedLinear:
@@ -98,7 +119,7 @@ class QuantizedLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         outs = [
-            quantized_kernels.quantized_linear(x, p.blocks, p.quant, p.int8_activations)
+            quantized_kernels.quantized_linear(p.inputs(x), p.blocks, p.quant, p.int8_activations)
             if isinstance(p, QuantizedTensor)
             else p(x)
             for p in self.parts
@@ -131,4 +152,6 @@ def embedding(ids: torch.Tensor, table: Weight) -> torch.Tensor:
     """Rows `ids` (`[num_tokens]` int64) of an embedding table, float or in blocks."""
     if isinstance(table, torch.Tensor):
         return F.embedding(ids, table)
+    if table.input_order is not None:
+        return table.dequantize()[ids].to(table.dtype)
     return reference_quantized.quantized_embedding(ids, table.blocks, table.quant, table.dtype)

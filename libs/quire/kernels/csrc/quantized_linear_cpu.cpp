@@ -169,7 +169,7 @@ inline float f16(const uint8_t* p) {
 }
 
 // The m of w = d * q + m in a Q4_1 block (its float16 min) or a Q4_Z one (-d * z: exact in
-// float32, d having 11 significant bits and z 4).
+// float32, d having 11 significant bits and z at most 8).
 inline float block_min(int64_t type, const uint8_t* b, float d) {
   return type == kQ4_Z ? -d * static_cast<float>(b[2]) : f16(b + 2);
 }
