@@ -69,7 +69,8 @@ class EngineConfig:
     )
     quantized_activations: str = _setting(
         "int8",
-        "how a GGUF's Q8_0, Q4_0 and Q4_1 weights meet a step of fewer than 96 tokens on the "
+        "how weights in 32-weight blocks (a GGUF's Q8_0, Q4_0 and Q4_1; AWQ, GPTQ and "
+        "compressed-tensors integers) meet a step of fewer than 96 tokens on the "
         "CPU: int8 (the activations quantized to 8 bits per 32 inputs and multiplied in "
         "integers, as llama.cpp does) or float32 (the dequantized weights times float32 "
         "activations, the torch oracle's values); longer steps and other formats are float32",
