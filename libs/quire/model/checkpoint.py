@@ -9,52 +9,15 @@ Nothing here imports torch at module level, so services check their model settin
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
 from quire.model.gguf_checkpoint import gguf_problem, is_gguf
+from quire.model.quantization_methods import quantization_problem
 
 if TYPE_CHECKING:
     from quire.model.model_config import ModelConfig
-
-
-QUANTIZATION_METHODS = ("awq", "gptq", "compressed-tensors")
-COMPRESSED_FORMATS = ("pack-quantized", "int-quantized", "naive-quantized", "float-quantized")
-
-
-def quantization_problem(quantization: Mapping[str, Any]) -> str | None:
-    """What keeps a config.json `quantization_config` from loading, or None: completes
-    "the checkpoint's quantization ..."."""
-    method = quantization.get("quant_method")
-    if method not in QUANTIZATION_METHODS:
-        methods = ", ".join(QUANTIZATION_METHODS)
-        return f"method {method!r} is not supported ({methods} are, and GGUF files)"
-    if method == "awq":
-        version = str(quantization.get("version", "gemm")).lower()
-        if version != "gemm":
-            return f"AWQ version {version!r} is not supported (gemm is)"
-        if quantization.get("bits", quantization.get("w_bit", 4)) != 4:
-            return "AWQ with other than 4 bits is not supported"
-    if method == "gptq":
-        if quantization.get("bits") not in (4, 8):
-            return f"GPTQ with {quantization.get('bits')} bits is not supported (4 and 8 are)"
-        fmt = quantization.get("checkpoint_format", "gptq")
-        if fmt not in ("gptq", "gptq_v2"):
-            return f"GPTQ checkpoint_format {fmt!r} is not supported (gptq and gptq_v2 are)"
-    if method == "compressed-tensors":
-        formats = {quantization.get("format")}
-        for group in (quantization.get("config_groups") or {}).values():
-            if isinstance(group, Mapping) and group.get("format"):
-                formats.add(group["format"])
-        unknown = sorted(str(f) for f in formats - {None, *COMPRESSED_FORMATS})
-        if unknown:
-            return (
-                f"compressed-tensors format {', '.join(unknown)} is not supported "
-                f"({', '.join(COMPRESSED_FORMATS)} are)"
-            )
-    return None
 
 
 def checkpoint_problem(model: str | Path, *, need_weights: bool = True) -> str | None:

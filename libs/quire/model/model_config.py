@@ -196,7 +196,7 @@ class ModelConfig:
             raise ValueError(unsupported_message(", ".join(archs) or hf.model_type))
         quantization = getattr(hf, "quantization_config", None)
         if quantization:
-            from quire.model.checkpoint import quantization_problem
+            from quire.model.quantization_methods import quantization_problem
 
             settings = quantization if isinstance(quantization, dict) else quantization.to_dict()
             problem = quantization_problem(settings)

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from quire.kernels import reference_quantized
-from quire.model.checkpoint import quantization_problem
+from quire.model.quantization_methods import quantization_problem
 from quire.model.quantized_linear import QuantizedTensor, Weight
 
 logger = logging.getLogger(__name__)
