@@ -203,6 +203,7 @@ class ExecutorServer:
             role=self.settings.role,
             pull_cost_fraction=self.engine.scheduler.pull_costs.cost_fraction,
             waiting_for_memory_manager=alloc.is_recovering(self.engine.allocator),
+            layers_run=getattr(self.engine.model, "layers_run", 0),
         )
 
     async def _set_health(self, status: Any) -> None:

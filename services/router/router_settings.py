@@ -78,8 +78,9 @@ class RouterSettings(BaseSettings):
         default=10.0,
         gt=0,
         description="an executor a read has waited on this long, whose liveness record shows no "
-        "engine step (or is gone) for as long, is hung: marked down and its streams migrated; "
-        "keep it above the longest engine step and the executors' --pull-timeout-s",
+        "engine step nor decoder layer (or is gone) for as long, is hung: marked down and its "
+        "streams migrated; keep it above the longest layer of a step and the executors' "
+        "--pull-timeout-s",
     )
     executor_down_s: float = Field(
         default=5.0, ge=0, description="how long an UNAVAILABLE one is skipped"

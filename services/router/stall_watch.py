@@ -8,16 +8,18 @@ services/router/executor_lost.py) once, for `stall_s` seconds (`--executor-stall
 
 1. a read of this router has waited on it all that time (a stream's next response, or a
    call's first), and
-2. its own liveness record shows no progress: the step counter it publishes
-   (`ExecutorLoad.num_steps`) has not moved, or the record is gone from Redis (the heartbeat
+2. its own liveness record shows no progress: neither the step counter it publishes
+   (`ExecutorLoad.num_steps`) nor its count of decoder layers run (`ExecutorRecord.layers_run`,
+   which moves inside a step) has moved, or the record is gone from Redis (the heartbeat
    stopped: the whole process is frozen or cut off).
 
 A stream whose client has stopped reading waits on nobody, and silence alone is not enough:
 a stream queued behind other routers' requests is silent while its executor steps. A record that says `waiting_for_memory_manager` is not hung either: its
 step is retrying an unreachable memory manager, which the other executors of that manager wait
 for too. Without Redis (the view comes from the last records seen) nothing is judged. So
-`stall_s` must exceed the longest step the deployment runs (a long prefill chunk on a CPU);
-detection takes between `stall_s` and `stall_s` plus a check interval.
+`stall_s` must exceed the longest layer of a step the deployment runs (a layer of a long
+prefill chunk on a CPU), and the heartbeat's interval; detection takes between `stall_s` and
+`stall_s` plus a check interval.
 
 `StallDetector` is the rule, on an injected clock; `StallWatch` runs it every `check_s` over the
 dispatcher's open streams and the directory's view.
@@ -45,7 +47,8 @@ class _Progress:
     """What was last seen of one executor a read waits on."""
 
     num_steps: int | None  # its step counter at the last change (None: no record seen)
-    moved_at: float  # when its counter last changed (or a read began waiting on it)
+    moved_at: float  # when its counters last changed (or a read began waiting on it)
+    layers_run: int | None = None  # its layer counter at the last change
 
 
 class StallDetector:
@@ -98,15 +101,21 @@ class StallDetector:
     def _observe(self, executor_id: str, record: ExecutorRecord | None, now: float) -> _Progress:
         progress = self._progress.get(executor_id)
         if progress is None:
-            num_steps = None if record is None else record.load.num_steps
-            progress = self._progress[executor_id] = _Progress(num_steps, now)
+            if record is None:
+                progress = _Progress(None, now)
+            else:
+                progress = _Progress(record.load.num_steps, now, record.layers_run)
+            self._progress[executor_id] = progress
         elif record is not None and (
-            record.load.num_steps != progress.num_steps or record.waiting_for_memory_manager
+            record.load.num_steps != progress.num_steps
+            or record.layers_run != progress.layers_run
+            or record.waiting_for_memory_manager
         ):
-            # A step finished (or the counter reset: a new incarnation), or the executor waits
-            # for its memory manager, which counts as alive. A record that vanished is no
-            # progress: its counter is as it was last seen.
+            # A step finished or a layer ran (or the counters reset: a new incarnation), or the
+            # executor waits for its memory manager, which counts as alive. A record that
+            # vanished is no progress: its counters are as they were last seen.
             progress.num_steps, progress.moved_at = record.load.num_steps, now
+            progress.layers_run = record.layers_run
         return progress
 
 

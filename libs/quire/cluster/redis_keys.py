@@ -102,6 +102,9 @@ class ExecutorRecord:
     # Its step waits for an unreachable memory manager (retrying): stalled on a dependency
     # that another executor of that manager would wait for too, so not hung.
     waiting_for_memory_manager: bool = False
+    # Decoder layers its model has run this incarnation: moves inside a step that outlasts a
+    # router's stall bound (a big model's prefill chunk on a CPU), where num_steps stands still.
+    layers_run: int = 0
     updated_at: float = 0.0  # unix time of this heartbeat
 
     def serves(self, phase: str) -> bool:

@@ -69,6 +69,9 @@ class DecoderModel:
     def __init__(self, config: ModelConfig, state: dict[str, Weight], device: torch.device) -> None:
         self.config = config
         self.device = device
+        # Decoder layers run so far: a liveness signal that moves inside a long step (a big
+        # model's prefill chunk), read by the executor's heartbeat from another thread.
+        self.layers_run = 0
         take = CheckpointTensors(state)
         self.embed = take.weight("model.embed_tokens.weight")  # float or quantized
         self.linear_backend = linear_backend(self.embed.dtype, device, shapes=self.linear_shapes())
@@ -158,6 +161,7 @@ class DecoderModel:
             x = layer.attention(x, positions, kv_cache, meta.for_layer(i))
             kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
             x = layer.mlp(x)
+            self.layers_run += 1
         kernels.add_rms_norm_(x, residual, self.norm, eps)
         return x
 

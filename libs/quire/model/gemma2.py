@@ -102,6 +102,7 @@ class Gemma2ForCausalLM(DecoderModel):
             x = kernels.rms_norm(x, layer.post_attention_norm, eps)
             kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
             x = kernels.rms_norm(layer.mlp(x), layer.post_feedforward_norm, eps)
+            self.layers_run += 1
         kernels.add_rms_norm_(x, residual, self.norm, eps)
         return x
 

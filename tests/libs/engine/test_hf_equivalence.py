@@ -139,3 +139,6 @@ def test_chunked_prefill(
     vocab = llm.engine.model.config.vocab_size
     run_and_compare(llm, oracles[name], random_prompts(vocab, seed=7), f"{name}/chunked")
     assert llm.stats().num_steps > 300 // 24, "long prompts were meant to be chunked"
+    # every step runs every decoder layer once: the heartbeat's in-step liveness counter
+    model = llm.engine.model
+    assert model.layers_run == llm.stats().num_steps * model.config.num_layers

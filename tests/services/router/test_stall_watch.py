@@ -72,6 +72,21 @@ def test_a_step_counter_that_moves_is_progress(detector: StallDetector, clock: C
     assert list(detector.stalled({"a": since}, frozen)) == ["a"]
 
 
+def test_layers_that_run_inside_a_long_step_are_progress(
+    detector: StallDetector, clock: Clock
+) -> None:
+    # A big model's prefill chunk: one step far longer than the bound, its layers running.
+    since = clock.now
+    for layers in range(0, 22 * 3, 2):
+        clock.now += 1.0
+        view = redis_view(record("a", 7, layers_run=layers))
+        assert detector.stalled({"a": since}, view) == {}
+    # A step stuck inside a layer: stalled once neither counter has moved for the bound.
+    stuck = redis_view(record("a", 7, layers_run=64))
+    clock.now += STALL_S
+    assert list(detector.stalled({"a": since}, stuck)) == ["a"]
+
+
 def test_a_recent_response_is_progress(detector: StallDetector, clock: Clock) -> None:
     view = redis_view(record("a", 3))
     detector.stalled({"a": clock.now}, view)
