@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from quire.kernels import triton_attention, triton_cache, triton_experts
+from quire.kernels import triton_attention, triton_cache, triton_experts, triton_quantized
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -109,6 +109,26 @@ def compile_all(
             num_warps=4,
         )
         compile_experts(torch_dtype)
+    compile_quantized()
+
+
+def compile_quantized() -> None:
+    """The dequantize-GEMM, per 32-weight block format, at each BLOCK_M the host picks (its
+    activations and output are float32 whatever the model's dtype)."""
+    pointers = {"x_ptr": "*fp32", "bytes_ptr": "*u8", "halves_ptr": "*fp16", "out_ptr": "*fp32"}
+    for quant in triton_quantized.FORMAT_IDS:
+        for rows in (1, 32, 64):
+            _compile(
+                triton_quantized._quantized_linear_kernel,
+                "fp32",
+                {
+                    **triton_quantized.format_constants(quant),
+                    "BLOCK_M": triton_quantized.block_m(rows),
+                    "BLOCK_N": triton_quantized.BLOCK_N,
+                },
+                num_warps=triton_quantized.NUM_WARPS,
+                pointers=pointers,
+            )
 
 
 def compile_experts(torch_dtype: torch.dtype) -> None:

@@ -13,6 +13,7 @@ _KERNEL_MODULES = (
     "quire.kernels.triton_attention",
     "quire.kernels.triton_cache",
     "quire.kernels.triton_experts",
+    "quire.kernels.triton_quantized",
 )
 
 
