@@ -461,56 +461,91 @@ void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, 
   }
 }
 
-// out[r * out_stride] = row of W . row r of x, for kRows rows of x starting at row `first`.
-template <int64_t kType, int kRows>
-void int8_dot(const uint8_t* row, const Int8Rows& x, int64_t first, float* out,
-              int64_t out_stride) {
+// out[r * out_stride + c] = row c of W . row first + r of x, for kRows rows of x starting at
+// row `first` and kCols rows of W starting at `row`, row_bytes apart: kRows * kCols sums in
+// flight, each weight block expanded once per pass and each block of x loaded once.
+template <int64_t kType, int kRows, int kCols>
+void int8_dot(const uint8_t* row, int64_t row_bytes, const Int8Rows& x, int64_t first,
+              float* out, int64_t out_stride) {
   const __m256i ones = _mm256_set1_epi16(1);
   const __m128i low_nibbles = _mm_set1_epi8(0x0F);
-  __m256 acc[kRows];
-  float mins[kRows];
+  __m256 acc[kRows][kCols];
+  float mins[kRows][kCols];
   for (int r = 0; r < kRows; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    mins[r] = 0.0f;
+    for (int c = 0; c < kCols; ++c) {
+      acc[r][c] = _mm256_setzero_ps();
+      mins[r][c] = 0.0f;
+    }
   }
   for (int64_t i = 0; i < x.num_blocks; ++i) {
-    const uint8_t* b = row + i * kBlockBytes<kType>;
-    const float dw = f16(b);
-    __m256i w;
-    float mw = 0.0f;
-    if constexpr (kType == kQ8_0) {
-      w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    } else {
-      constexpr int64_t kHeader = kType == kQ4_0 ? 2 : 4;
-      const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHeader));
-      w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles),
-                           _mm_and_si128(qs, low_nibbles));
-      mw = kType == kQ4_0 ? -8.0f * dw : block_min(kType, b, dw);
-    }
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t at = (first + r) * x.num_blocks + i;
-      const __m256i xq = _mm256_loadu_si256(
-          reinterpret_cast<const __m256i*>(x.q + (first + r) * x.k_dim + 32 * i));
-      __m256i pairs;
+    for (int c = 0; c < kCols; ++c) {
+      const uint8_t* b = row + c * row_bytes + i * kBlockBytes<kType>;
+      const float dw = f16(b);
+      __m256i w;
+      float mw = 0.0f;
       if constexpr (kType == kQ8_0) {
-        pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+        w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
       } else {
-        pairs = _mm256_maddubs_epi16(w, xq);
+        constexpr int64_t kHeader = kType == kQ4_0 ? 2 : 4;
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + kHeader));
+        w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low_nibbles),
+                             _mm_and_si128(qs, low_nibbles));
+        mw = kType == kQ4_0 ? -8.0f * dw : block_min(kType, b, dw);
       }
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d[at]), dot, acc[r]);
-      if constexpr (kType != kQ8_0) mins[r] += mw * x.s[at];
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t at = (first + r) * x.num_blocks + i;
+        const __m256i xq = _mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(x.q + (first + r) * x.k_dim + 32 * i));
+        __m256i pairs;
+        if constexpr (kType == kQ8_0) {
+          pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xq, w));
+        } else {
+          pairs = _mm256_maddubs_epi16(w, xq);
+        }
+        const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d[at]), dot, acc[r][c]);
+        if constexpr (kType != kQ8_0) mins[r][c] += mw * x.s[at];
+      }
     }
   }
-  for (int r = 0; r < kRows; ++r) out[r * out_stride] = hsum256(acc[r]) + mins[r];
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kCols; ++c) out[r * out_stride + c] = hsum256(acc[r][c]) + mins[r][c];
+  }
 }
 
 template <int64_t kType, int kRows = kInt8Rows>
 void int8_rows(int64_t num_rows, const uint8_t* row, const Int8Rows& x, int64_t first,
                float* out, int64_t out_stride) {
   if constexpr (kRows > 0) {
-    if (num_rows == kRows) return int8_dot<kType, kRows>(row, x, first, out, out_stride);
+    if (num_rows == kRows) return int8_dot<kType, kRows, 1>(row, 0, x, first, out, out_stride);
     int8_rows<kType, kRows - 1>(num_rows, row, x, first, out, out_stride);
+  }
+}
+
+// Fewer rows of x than a pass over a row of W takes (a lone decoding sequence): each row of x
+// meets kInt8Cols rows of W at a time instead, which keeps as many sums in flight (a 4-bit
+// block's nibbles are expanded once per row of W either way; Q8_0 runs slower so).
+// Threads take kInt8Group rows of W at a time.
+template <int64_t kType>
+constexpr int kInt8Cols = kType == kQ8_0 ? 1 : 4;
+constexpr int64_t kInt8Group = 4;
+
+template <int64_t kType>
+void int8_cols(int64_t num_rows, const uint8_t* blocks, int64_t row_bytes, const Int8Rows& x,
+               int64_t n, int64_t n_dim, float* out) {
+  constexpr int kCols = kInt8Cols<kType>;
+  const int64_t end = std::min(n + kInt8Group, n_dim);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    float* o = out + r * n_dim;
+    for (int64_t c = n; c < end;) {
+      if (c + kCols <= end) {
+        int8_dot<kType, 1, kCols>(blocks + c * row_bytes, row_bytes, x, r, o + c, n_dim);
+        c += kCols;
+      } else {
+        int8_dot<kType, 1, 1>(blocks + c * row_bytes, row_bytes, x, r, o + c, n_dim);
+        c += 1;
+      }
+    }
   }
 }
 
@@ -530,8 +565,24 @@ void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_ro
                       d.data() + r * num_blocks, s.data() + r * num_blocks);
   }
   const Int8Rows x{q.data(), d.data(), s.data(), k_dim, num_blocks};
-  const int64_t grain = std::max<int64_t>(
-      16, (n_dim + at::get_num_threads() - 1) / at::get_num_threads());
+  const int64_t threads = at::get_num_threads();
+  if (num_rows < kInt8Rows) {
+    const int64_t groups = (n_dim + kInt8Group - 1) / kInt8Group;
+    const int64_t grain = std::max<int64_t>(4, (groups + threads - 1) / threads);
+    at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        const int64_t n = g * kInt8Group;
+        switch (type) {
+          case kQ8_0: int8_cols<kQ8_0>(num_rows, blocks, row_bytes, x, n, n_dim, out); break;
+          case kQ4_0: int8_cols<kQ4_0>(num_rows, blocks, row_bytes, x, n, n_dim, out); break;
+          case kQ4_Z: int8_cols<kQ4_Z>(num_rows, blocks, row_bytes, x, n, n_dim, out); break;
+          default: int8_cols<kQ4_1>(num_rows, blocks, row_bytes, x, n, n_dim, out); break;
+        }
+      }
+    });
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(16, (n_dim + threads - 1) / threads);
   at::parallel_for(0, n_dim, grain, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const uint8_t* row = blocks + n * row_bytes;
