@@ -203,6 +203,144 @@ def _float_oracle(x: torch.Tensor, blocks: torch.Tensor, name: str) -> torch.Ten
     return reference_quantized.quantized_linear(x, blocks, name)
 
 
+# A small Llama layer for decoder_layer: hidden 256, 4 query heads over 2 KV heads of 64.
+LAYER_HEADS, LAYER_KV_HEADS, LAYER_HEAD_DIM, LAYER_HIDDEN = 4, 2, 64, 256
+LAYER_MATMULS = ("qkv", "o", "gate_up", "down")  # in decoder_layer's argument order
+
+
+def _decoder_layer_cases() -> list[OpCase]:
+    """decoder_layer on a decode step and a prefill step, Q4_1 and Q8_0 weights, float32 and
+    int8 activations; its reference is the layer composed of the torch references."""
+    g = torch.Generator().manual_seed(9)
+    hidden, d = LAYER_HIDDEN, LAYER_HEAD_DIM
+    q_size, kv_size = LAYER_HEADS * d, LAYER_KV_HEADS * d
+    norms = (torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5)
+    angles = torch.arange(512.0)[:, None] * torch.rand(d // 2, generator=g)[None, :]
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    steps = {  # name -> (cached prefix, new tokens) per sequence
+        "decode": [(0, 1), (15, 1), (16, 1), (40, 1)],
+        "prefill": [(0, 17), (15, 18), (40, 1)],
+    }
+    cases = []
+    # float32 activations only: int8 ones round each activation to a step of amax / 127, so a
+    # float32 rounding apart upstream can move a value by a step here (test_fused_layer.py holds
+    # int8 layers to the Python path's bits)
+    for quant, int8 in (("Q4_1", False), ("Q8_0", False)):
+        shapes = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size)}
+        shapes |= {"gate_up": (2 * hidden, hidden), "down": (hidden, hidden)}
+        blocks = {
+            name: random_blocks(quant, rows, cols, seed=10 + i)
+            for i, (name, (rows, cols)) in enumerate(shapes.items())
+        }
+        for step, seqs in steps.items():
+            lens = [prefix + new for prefix, new in seqs]
+            batch = make_paged_batch(lens, LAYER_KV_HEADS, d, 16, torch.float32)
+            tables = batch.block_tables
+            positions = torch.tensor([p for prefix, n in seqs for p in range(prefix, prefix + n)])
+            seq_of = [i for i, (_, n) in enumerate(seqs) for _ in range(n)]
+            slots = torch.tensor(
+                [
+                    int(tables[i, p // 16]) * 16 + p % 16
+                    for i, p in zip(seq_of, positions.tolist(), strict=True)
+                ]
+            )
+            x = torch.randn(len(positions), hidden, generator=g)
+            residual = torch.randn(len(positions), hidden, generator=g)
+            cu = None if step == "decode" else cu_lens([n for _, n in seqs])
+            meta = (slots, tables, batch.context_lens, cu)
+
+            def run_cpp(
+                x=x,
+                residual=residual,
+                batch=batch,
+                blocks=blocks,
+                meta=meta,
+                int8=int8,
+                quant=quant,
+                positions=positions,
+            ) -> torch.Tensor:
+                xi, ri = x.clone(), residual.clone()
+                kc, vc = batch.key_cache.clone(), batch.value_cache.clone()
+                ggml = reference_quantized.block_format(quant).ggml_type
+                out = torch.ops.quire_cpu.decoder_layer(
+                    xi,
+                    ri,
+                    True,
+                    *norms,
+                    NORM_EPS,
+                    *[a for matmul in LAYER_MATMULS for a in (blocks[matmul], ggml)],
+                    int8,
+                    LAYER_HEADS,
+                    LAYER_KV_HEADS,
+                    d,
+                    positions,
+                    cos,
+                    sin,
+                    kc,
+                    vc,
+                    *meta,
+                    1 / math.sqrt(d),
+                    None,
+                )
+                return _layer_result(out, xi, ri, kc, vc, meta[0])
+
+            def run_reference(
+                x=x,
+                residual=residual,
+                batch=batch,
+                blocks=blocks,
+                meta=meta,
+                int8=int8,
+                quant=quant,
+                positions=positions,
+            ) -> torch.Tensor:
+                xi, ri = x.clone(), residual.clone()
+                kc, vc = batch.key_cache.clone(), batch.value_cache.clone()
+                slots, tables, context_lens, cu = meta
+
+                def linear(a: torch.Tensor, matmul: str) -> torch.Tensor:
+                    oracle = reference_quantized.quantized_linear_int8 if int8 else _float_oracle
+                    return oracle(a, blocks[matmul], quant).float()
+
+                reference_fused.add_rms_norm_(xi, ri, norms[0], NORM_EPS)
+                q, k, v = linear(xi, "qkv").split([q_size, kv_size, kv_size], dim=-1)
+                q = q.reshape(-1, LAYER_HEADS, d)
+                k = k.reshape(-1, LAYER_KV_HEADS, d)
+                v = v.reshape(-1, LAYER_KV_HEADS, d)
+                reference_fused.rotary_embedding_(positions, q, k, cos, sin)
+                reference.write_kv_cache(k, v, kc, vc, slots)
+                scale = 1 / math.sqrt(d)
+                attn = (
+                    reference.paged_decode_attention(q, kc, vc, tables, context_lens, scale)
+                    if cu is None
+                    else reference.paged_prefill_attention(
+                        q, kc, vc, tables, cu, context_lens, scale
+                    )
+                )
+                h = linear(attn.reshape(-1, q_size), "o")
+                reference_fused.add_rms_norm_(h, ri, norms[1], NORM_EPS)
+                gate, up = linear(h, "gate_up").chunk(2, dim=-1)
+                out = linear(F.silu(gate) * up, "down")
+                return _layer_result(out, xi, ri, kc, vc, meta[0])
+
+            name = f"decoder_layer-{quant}-{'int8' if int8 else 'float32'}-{step}"
+            cases.append(OpCase(name, "decoder_layer", torch.float32, run_cpp, run_reference))
+    return cases
+
+
+def _layer_result(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """The layer's output, its x and residual after, and the cache rows it wrote."""
+    written = [c.flatten(0, 1)[slots] for c in (key_cache, value_cache)]
+    return torch.cat([t.flatten() for t in (out, x, residual, *written)])
+
+
 def op_cases() -> list[OpCase]:
     """Every case, in a fixed order, on inputs that depend only on fixed seeds."""
     cases = []
@@ -213,7 +351,7 @@ def op_cases() -> list[OpCase]:
                     shape = (num_heads, num_kv_heads, head_dim, block_size)
                     cases += [_decode_case(dtype, *shape), _prefill_case(dtype, *shape)]
         cases += [_write_kv_cache_case(dtype), *_fused_cases(dtype), _linear_case(dtype)]
-    return cases + _quantized_cases()
+    return cases + _quantized_cases() + _decoder_layer_cases()
 
 
 def registered_ops() -> list[str]:
@@ -237,7 +375,7 @@ def main(out_path: str) -> None:
         if case.op == "packed_linear" and not packed_linear.cpu_supports(case.dtype):
             continue
         # quantized ones in builds with AVX2 or AVX-512 (quantized_linear_supported, per format)
-        if case.op == "quantized_linear" and not cpp_quantized.supports(
+        if case.op in ("quantized_linear", "decoder_layer") and not cpp_quantized.supports(
             case.name.split("-")[1], case.dtype
         ):
             continue

@@ -132,6 +132,11 @@ def test_portable_build_matches_native_build_and_reference(
         if name in native:
             torch.testing.assert_close(native[name], expected, **LINEAR_TOLERANCES[case.dtype])
         return
+    if case.op == "decoder_layer":  # four quantized linears and attention: to their scale
+        tolerance = {"atol": 1e-4 * float(expected.abs().max()), "rtol": 0.0}
+        torch.testing.assert_close(portable[name], expected, **tolerance)
+        torch.testing.assert_close(native[name], expected, **tolerance)
+        return
     if case.op == "quantized_linear":  # AVX2 (8 lanes, 2 rows a pass) and AVX-512 (16, 4)
         torch.testing.assert_close(portable[name], expected, **QUANTIZED_TOLERANCE)
         torch.testing.assert_close(native[name], expected, **QUANTIZED_TOLERANCE)

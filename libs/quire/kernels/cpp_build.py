@@ -50,9 +50,13 @@ SOURCES = tuple(
         "cache_cpu.cpp",
         "linear_cpu.cpp",
         "quantized_linear_cpu.cpp",
+        "decoder_layer_cpu.cpp",
     )
 )
-HEADERS = (_CSRC / "cpu_features.h",)  # included by the sources: part of what a build is from
+HEADERS = (
+    _CSRC / "cpu_features.h",
+    _CSRC / "kernel_ops.h",
+)  # included by the sources: part of what a build is from
 # The checkout's build/ when the package runs from one (PYTHONPATH=libs, the editable install,
 # the images' /app); beside the package when it is installed elsewhere.
 _CHECKOUT = _PACKAGE_DIR.parents[2]

@@ -14,6 +14,7 @@ from typing import Protocol
 import torch
 
 import quire.kernels as kernels
+from quire.model import fused_layer
 from quire.model.attention import AttentionMetadata, KVCache, PagedAttention
 from quire.model.layers import Attention, CheckpointTensors
 from quire.model.linear import LayerShapes, head_backend, linear_backend
@@ -83,6 +84,9 @@ class DecoderModel:
             else self.rotary
         )
         self.layers = [self.load_layer(take, i) for i in range(config.num_layers)]
+        # Each layer as one C++ call, where every layer qualifies (quire.model.fused_layer);
+        # None: the layer-by-layer path below.
+        self.fused_layers = fused_layer.fuse(self.layers, device)
         self.norm = take("model.norm.weight")
         if config.tie_word_embeddings:
             take.discard("lm_head.weight")
@@ -155,7 +159,12 @@ class DecoderModel:
         # the next sublayer, which add_rms_norm_ overwrites with norm(residual + x).
         residual = embedding(input_ids, self.embed)
         x = kernels.rms_norm(residual, self.layers[0].input_norm, eps)
+        fused = self.fused_layers if fused_layer.runs_fused(x.device) else None
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if fused is not None:  # the same kernels in the same order, in one call
+                x = fused[i](x, residual, i > 0, eps, positions, kv_cache, meta.for_layer(i))
+                self.layers_run += 1
+                continue
             if i > 0:
                 kernels.add_rms_norm_(x, residual, layer.input_norm, eps)
             x = layer.attention(x, positions, kv_cache, meta.for_layer(i))
