@@ -25,7 +25,13 @@ from quire.kernels import (
     reference_fused,
     reference_quantized,
 )
-from tests.kernels.helpers import cu_lens, make_paged_batch, random_blocks, random_queries
+from tests.kernels.helpers import (
+    PagedBatch,
+    cu_lens,
+    make_paged_batch,
+    random_blocks,
+    random_queries,
+)
 
 DTYPES = (torch.float32, torch.bfloat16)
 # (num_heads, num_kv_heads): SmolLM2-135M's GQA 3 and MHA.
@@ -206,139 +212,141 @@ def _float_oracle(x: torch.Tensor, blocks: torch.Tensor, name: str) -> torch.Ten
 # A small Llama layer for decoder_layer: hidden 256, 4 query heads over 2 KV heads of 64.
 LAYER_HEADS, LAYER_KV_HEADS, LAYER_HEAD_DIM, LAYER_HIDDEN = 4, 2, 64, 256
 LAYER_MATMULS = ("qkv", "o", "gate_up", "down")  # in decoder_layer's argument order
+LAYER_STEPS = {  # step -> (cached prefix, new tokens) per sequence
+    "decode": ((0, 1), (15, 1), (16, 1), (40, 1)),
+    "prefill": ((0, 17), (15, 18), (40, 1)),
+}
+
+
+@dataclass(frozen=True)
+class _LayerStep:
+    """One step of a small quantized layer: its inputs, and each way of running it. float32
+    activations only: int8 ones round each activation to a step of amax / 127, so a float32
+    rounding apart upstream can move a value by a step (test_fused_layer.py holds int8 layers
+    to the layer-by-layer path's bits)."""
+
+    quant: str
+    blocks: dict[str, torch.Tensor]
+    norms: tuple[torch.Tensor, torch.Tensor]
+    cos: torch.Tensor
+    sin: torch.Tensor
+    x: torch.Tensor
+    residual: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    batch: PagedBatch
+    cu_query_lens: torch.Tensor | None  # None: a decode step
+
+    def _run(self, layer: Callable[..., torch.Tensor]) -> torch.Tensor:
+        """`layer(x, residual, key_cache, value_cache)` on copies; its output, x and residual
+        after, and the cache rows it wrote."""
+        x, residual = self.x.clone(), self.residual.clone()
+        caches = (self.batch.key_cache.clone(), self.batch.value_cache.clone())
+        out = layer(x, residual, *caches)
+        written = [c.flatten(0, 1)[self.slots] for c in caches]
+        return torch.cat([t.flatten() for t in (out, x, residual, *written)])
+
+    def cpp(self) -> torch.Tensor:
+        ggml = reference_quantized.block_format(self.quant).ggml_type
+        matmuls = [a for m in LAYER_MATMULS for a in (self.blocks[m], ggml)]
+        b = self.batch
+        return self._run(
+            lambda x, residual, kc, vc: torch.ops.quire_cpu.decoder_layer(
+                x,
+                residual,
+                True,
+                *self.norms,
+                NORM_EPS,
+                *matmuls,
+                False,
+                LAYER_HEADS,
+                LAYER_KV_HEADS,
+                LAYER_HEAD_DIM,
+                self.positions,
+                self.cos,
+                self.sin,
+                kc,
+                vc,
+                self.slots,
+                b.block_tables,
+                b.context_lens,
+                self.cu_query_lens,
+                1 / math.sqrt(LAYER_HEAD_DIM),
+                None,
+            )
+        )
+
+    def reference(self) -> torch.Tensor:
+        return self._run(self._reference_layer)
+
+    def _reference_layer(
+        self, x: torch.Tensor, residual: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor
+    ) -> torch.Tensor:
+        d, b = LAYER_HEAD_DIM, self.batch
+        q_size, kv_size = LAYER_HEADS * d, LAYER_KV_HEADS * d
+
+        def linear(a: torch.Tensor, matmul: str) -> torch.Tensor:
+            return _float_oracle(a, self.blocks[matmul], self.quant).float()
+
+        reference_fused.add_rms_norm_(x, residual, self.norms[0], NORM_EPS)
+        q, k, v = linear(x, "qkv").split([q_size, kv_size, kv_size], dim=-1)
+        q, k = q.reshape(-1, LAYER_HEADS, d), k.reshape(-1, LAYER_KV_HEADS, d)
+        reference_fused.rotary_embedding_(self.positions, q, k, self.cos, self.sin)
+        reference.write_kv_cache(k, v.reshape(-1, LAYER_KV_HEADS, d), kc, vc, self.slots)
+        scale, tables, lens = 1 / math.sqrt(d), b.block_tables, b.context_lens
+        cu = self.cu_query_lens
+        attn = (
+            reference.paged_decode_attention(q, kc, vc, tables, lens, scale)
+            if cu is None
+            else reference.paged_prefill_attention(q, kc, vc, tables, cu, lens, scale)
+        )
+        h = linear(attn.reshape(-1, q_size), "o")
+        reference_fused.add_rms_norm_(h, residual, self.norms[1], NORM_EPS)
+        gate, up = linear(h, "gate_up").chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, "down")
 
 
 def _decoder_layer_cases() -> list[OpCase]:
-    """decoder_layer on a decode step and a prefill step, Q4_1 and Q8_0 weights, float32 and
-    int8 activations; its reference is the layer composed of the torch references."""
+    """decoder_layer on a decode step and a prefill step, Q4_1 and Q8_0 weights; its
+    reference is the layer composed of the torch references."""
     g = torch.Generator().manual_seed(9)
     hidden, d = LAYER_HIDDEN, LAYER_HEAD_DIM
-    q_size, kv_size = LAYER_HEADS * d, LAYER_KV_HEADS * d
+    shapes = {
+        "qkv": ((LAYER_HEADS + 2 * LAYER_KV_HEADS) * d, hidden),
+        "o": (hidden, LAYER_HEADS * d),
+        "gate_up": (2 * hidden, hidden),
+        "down": (hidden, hidden),
+    }
     norms = (torch.rand(hidden, generator=g) + 0.5, torch.rand(hidden, generator=g) + 0.5)
     angles = torch.arange(512.0)[:, None] * torch.rand(d // 2, generator=g)[None, :]
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
-    steps = {  # name -> (cached prefix, new tokens) per sequence
-        "decode": [(0, 1), (15, 1), (16, 1), (40, 1)],
-        "prefill": [(0, 17), (15, 18), (40, 1)],
-    }
     cases = []
-    # float32 activations only: int8 ones round each activation to a step of amax / 127, so a
-    # float32 rounding apart upstream can move a value by a step here (test_fused_layer.py holds
-    # int8 layers to the Python path's bits)
-    for quant, int8 in (("Q4_1", False), ("Q8_0", False)):
-        shapes = {"qkv": (q_size + 2 * kv_size, hidden), "o": (hidden, q_size)}
-        shapes |= {"gate_up": (2 * hidden, hidden), "down": (hidden, hidden)}
+    for quant in ("Q4_1", "Q8_0"):
         blocks = {
-            name: random_blocks(quant, rows, cols, seed=10 + i)
-            for i, (name, (rows, cols)) in enumerate(shapes.items())
+            m: random_blocks(quant, *shapes[m], seed=10 + i) for i, m in enumerate(LAYER_MATMULS)
         }
-        for step, seqs in steps.items():
-            lens = [prefix + new for prefix, new in seqs]
-            batch = make_paged_batch(lens, LAYER_KV_HEADS, d, 16, torch.float32)
+        for step, seqs in LAYER_STEPS.items():
+            batch = make_paged_batch([p + n for p, n in seqs], LAYER_KV_HEADS, d, 16)
+            tokens = [(i, pos) for i, (p, n) in enumerate(seqs) for pos in range(p, p + n)]
             tables = batch.block_tables
-            positions = torch.tensor([p for prefix, n in seqs for p in range(prefix, prefix + n)])
-            seq_of = [i for i, (_, n) in enumerate(seqs) for _ in range(n)]
-            slots = torch.tensor(
-                [
-                    int(tables[i, p // 16]) * 16 + p % 16
-                    for i, p in zip(seq_of, positions.tolist(), strict=True)
-                ]
+            layer = _LayerStep(
+                quant=quant,
+                blocks=blocks,
+                norms=norms,
+                cos=cos,
+                sin=sin,
+                x=torch.randn(len(tokens), hidden, generator=g),
+                residual=torch.randn(len(tokens), hidden, generator=g),
+                positions=torch.tensor([pos for _, pos in tokens]),
+                slots=torch.tensor(
+                    [int(tables[i, pos // 16]) * 16 + pos % 16 for i, pos in tokens]
+                ),
+                batch=batch,
+                cu_query_lens=None if step == "decode" else cu_lens([n for _, n in seqs]),
             )
-            x = torch.randn(len(positions), hidden, generator=g)
-            residual = torch.randn(len(positions), hidden, generator=g)
-            cu = None if step == "decode" else cu_lens([n for _, n in seqs])
-            meta = (slots, tables, batch.context_lens, cu)
-
-            def run_cpp(
-                x=x,
-                residual=residual,
-                batch=batch,
-                blocks=blocks,
-                meta=meta,
-                int8=int8,
-                quant=quant,
-                positions=positions,
-            ) -> torch.Tensor:
-                xi, ri = x.clone(), residual.clone()
-                kc, vc = batch.key_cache.clone(), batch.value_cache.clone()
-                ggml = reference_quantized.block_format(quant).ggml_type
-                out = torch.ops.quire_cpu.decoder_layer(
-                    xi,
-                    ri,
-                    True,
-                    *norms,
-                    NORM_EPS,
-                    *[a for matmul in LAYER_MATMULS for a in (blocks[matmul], ggml)],
-                    int8,
-                    LAYER_HEADS,
-                    LAYER_KV_HEADS,
-                    d,
-                    positions,
-                    cos,
-                    sin,
-                    kc,
-                    vc,
-                    *meta,
-                    1 / math.sqrt(d),
-                    None,
-                )
-                return _layer_result(out, xi, ri, kc, vc, meta[0])
-
-            def run_reference(
-                x=x,
-                residual=residual,
-                batch=batch,
-                blocks=blocks,
-                meta=meta,
-                int8=int8,
-                quant=quant,
-                positions=positions,
-            ) -> torch.Tensor:
-                xi, ri = x.clone(), residual.clone()
-                kc, vc = batch.key_cache.clone(), batch.value_cache.clone()
-                slots, tables, context_lens, cu = meta
-
-                def linear(a: torch.Tensor, matmul: str) -> torch.Tensor:
-                    oracle = reference_quantized.quantized_linear_int8 if int8 else _float_oracle
-                    return oracle(a, blocks[matmul], quant).float()
-
-                reference_fused.add_rms_norm_(xi, ri, norms[0], NORM_EPS)
-                q, k, v = linear(xi, "qkv").split([q_size, kv_size, kv_size], dim=-1)
-                q = q.reshape(-1, LAYER_HEADS, d)
-                k = k.reshape(-1, LAYER_KV_HEADS, d)
-                v = v.reshape(-1, LAYER_KV_HEADS, d)
-                reference_fused.rotary_embedding_(positions, q, k, cos, sin)
-                reference.write_kv_cache(k, v, kc, vc, slots)
-                scale = 1 / math.sqrt(d)
-                attn = (
-                    reference.paged_decode_attention(q, kc, vc, tables, context_lens, scale)
-                    if cu is None
-                    else reference.paged_prefill_attention(
-                        q, kc, vc, tables, cu, context_lens, scale
-                    )
-                )
-                h = linear(attn.reshape(-1, q_size), "o")
-                reference_fused.add_rms_norm_(h, ri, norms[1], NORM_EPS)
-                gate, up = linear(h, "gate_up").chunk(2, dim=-1)
-                out = linear(F.silu(gate) * up, "down")
-                return _layer_result(out, xi, ri, kc, vc, meta[0])
-
-            name = f"decoder_layer-{quant}-{'int8' if int8 else 'float32'}-{step}"
-            cases.append(OpCase(name, "decoder_layer", torch.float32, run_cpp, run_reference))
+            name = f"decoder_layer-{quant}-{step}"
+            cases.append(OpCase(name, "decoder_layer", torch.float32, layer.cpp, layer.reference))
     return cases
-
-
-def _layer_result(
-    out: torch.Tensor,
-    x: torch.Tensor,
-    residual: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    slots: torch.Tensor,
-) -> torch.Tensor:
-    """The layer's output, its x and residual after, and the cache rows it wrote."""
-    written = [c.flatten(0, 1)[slots] for c in (key_cache, value_cache)]
-    return torch.cat([t.flatten() for t in (out, x, residual, *written)])
 
 
 def op_cases() -> list[OpCase]:
