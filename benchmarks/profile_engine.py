@@ -184,6 +184,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--max-prompt-len", type=int, default=None, help="cap prompt lengths")
     parser.add_argument("--torch-profile", action="store_true", help="also profile torch ops")
     parser.add_argument("--top", type=int, default=25, help="operators listed")
+    parser.add_argument(
+        "--layer-by-layer",
+        action="store_true",
+        help="run every decoder layer kernel by kernel from Python, not as one C++ call "
+        "(quire.model.fused_layer), to time what the fused call saves",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench/results/profile_engine.json"))
     args = parser.parse_args(argv)
 
@@ -194,6 +200,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         del llm.engine  # its KV pool goes before the remote engine allocates one
         llm.engine, close = remote_engine(config)
     engine = llm.engine
+    if args.layer_by_layer:
+        engine.model.fused_layers = None
     tokenizer = llm.get_tokenizer()
     config = engine.model.config
     workload = build_workload(
@@ -212,6 +220,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
         "memory_manager": args.memory_manager,
+        "layer_by_layer": args.layer_by_layer,
         "max_num_seqs": args.max_num_seqs,
         "num_requests": args.num_requests,
         "max_output_len": args.max_output_len,
