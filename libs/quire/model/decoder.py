@@ -163,13 +163,12 @@ class DecoderModel:
         for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             if fused is not None:  # the same kernels in the same order, in one call
                 x = fused[i](x, residual, i > 0, eps, positions, kv_cache, meta.for_layer(i))
-                self.layers_run += 1
-                continue
-            if i > 0:
-                kernels.add_rms_norm_(x, residual, layer.input_norm, eps)
-            x = layer.attention(x, positions, kv_cache, meta.for_layer(i))
-            kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
-            x = layer.mlp(x)
+            else:
+                if i > 0:
+                    kernels.add_rms_norm_(x, residual, layer.input_norm, eps)
+                x = layer.attention(x, positions, kv_cache, meta.for_layer(i))
+                kernels.add_rms_norm_(x, residual, layer.post_norm, eps)
+                x = layer.mlp(x)
             self.layers_run += 1
         kernels.add_rms_norm_(x, residual, self.norm, eps)
         return x

@@ -31,10 +31,8 @@ class FusedLayer:
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    qkv: QuantizedTensor
-    o: QuantizedTensor
-    gate_up: QuantizedTensor
-    down: QuantizedTensor
+    # qkv, o, gate_up, down: each one's blocks and ggml type id, in decoder_layer's order
+    matmuls: tuple[torch.Tensor | int, ...]
     int8_activations: bool
     num_heads: int
     num_kv_heads: int
@@ -64,14 +62,7 @@ class FusedLayer:
             self.input_norm,
             self.post_norm,
             eps,
-            self.qkv.blocks,
-            _ggml_type(self.qkv),
-            self.o.blocks,
-            _ggml_type(self.o),
-            self.gate_up.blocks,
-            _ggml_type(self.gate_up),
-            self.down.blocks,
-            _ggml_type(self.down),
+            *self.matmuls,
             self.int8_activations,
             self.num_heads,
             self.num_kv_heads,
@@ -90,10 +81,6 @@ class FusedLayer:
         )
 
 
-def _ggml_type(weight: QuantizedTensor) -> int:
-    return reference_quantized.block_format(weight.quant).ggml_type
-
-
 def _one_weight(linear: AnyLinear) -> QuantizedTensor | None:
     """The single quantized weight of a bias-free linear the C++ kernel multiplies, or None."""
     if not isinstance(linear, QuantizedLinear) or linear.bias is not None:
@@ -105,12 +92,9 @@ def _one_weight(linear: AnyLinear) -> QuantizedTensor | None:
     return part if cpp_quantized.supports(part.quant, torch.float32) else None
 
 
-def fuse(
-    layers: list,
-    device: torch.device,  # list[decoder.DecoderLayer]
-) -> list[FusedLayer] | None:
-    """Every layer as `decoder_layer` takes it, or None when one does not qualify (the module
-    docstring says which do) or the C++ kernels are not loaded."""
+def fuse(layers: list, device: torch.device) -> list[FusedLayer] | None:
+    """Every layer (decoder.DecoderLayer) as `decoder_layer` takes it, or None when one does
+    not qualify (the module docstring says which do) or the C++ kernels are not loaded."""
     if device.type != "cpu" or not layers:
         return None
     fused: list[FusedLayer] = []
@@ -136,10 +120,11 @@ def fuse(
             FusedLayer(
                 input_norm=layer.input_norm,
                 post_norm=layer.post_norm,
-                qkv=qkv,
-                o=o,
-                gate_up=gate_up,
-                down=down,
+                matmuls=tuple(
+                    a
+                    for w in (qkv, o, gate_up, down)
+                    for a in (w.blocks, reference_quantized.block_format(w.quant).ggml_type)
+                ),
                 int8_activations=qkv.int8_activations,
                 num_heads=attention.num_heads,
                 num_kv_heads=attention.num_kv_heads,
