@@ -54,6 +54,7 @@ def allocator_factory(
             verify_every=settings.memory_manager_verify_every,
             accepts_pulls=settings.enable_pulls,
             layout=layout,
+            defer_quiet_steps=settings.defer_quiet_steps,
         )
 
     return make

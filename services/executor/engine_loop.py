@@ -29,6 +29,7 @@ from quire.sampling_params import SamplingParams
 from services.executor.core_share import CoreShare
 from services.executor.executor_logging import RequestIds
 from services.executor.executor_metrics import ExecutorMetrics
+from services.executor.remote_allocator import RemoteBlockAllocator
 
 log = structlog.get_logger("quire.executor.engine_loop")
 
@@ -264,6 +265,9 @@ class EngineLoop:
             if timing is not None:
                 self.metrics.request_queue_time.observe(max(0.0, started - timing.arrived_at))
         self.metrics.observe_step(stats)
+        allocator = self.engine.allocator
+        if isinstance(allocator, RemoteBlockAllocator):
+            self.metrics.observe_allocator_steps(allocator.num_steps, allocator.num_quiet_steps)
 
     def _observe(self, delta: RequestDelta, now: float) -> None:
         timing = self._timings.get(delta.request_id)

@@ -171,6 +171,16 @@ class ExecutorMetrics:
         self._swap_fields = counted(_SWAP_SERIES)  # StepStats.swap's fields
         self._pull_fields = counted(_PULL_SERIES)  # StepStats.pull's fields
         self._prefix_totals: tuple[int, int] | None = None  # (queries, hits) last seen
+        memory_manager_steps = Counter(
+            PREFIX + "memory_manager_steps",
+            "Engine steps by whether they called the memory manager (call=sent) or needed "
+            "nothing from it and made no call (call=quiet: their tokens went with the next one).",
+            [*labels, "call"],
+            registry=r,
+        )
+        self._steps_sent = memory_manager_steps.labels(model_name, "sent")
+        self._steps_quiet = memory_manager_steps.labels(model_name, "quiet")
+        self._allocator_totals = (0, 0)  # (sent, quiet) last seen
 
     def observe_load(self, load: ExecutorLoad) -> None:
         """Set the load gauges."""
@@ -189,6 +199,13 @@ class ExecutorMetrics:
         self.prefix_cache_queries.inc(max(0, num_queries - last_queries))
         self.prefix_cache_hits.inc(max(0, num_hits - last_hits))
         self._prefix_totals = (num_queries, num_hits)
+
+    def observe_allocator_steps(self, num_sent: int, num_quiet: int) -> None:
+        """Advance the memory-manager step counters from the allocator's totals."""
+        last_sent, last_quiet = self._allocator_totals
+        self._steps_sent.inc(max(0, num_sent - last_sent))
+        self._steps_quiet.inc(max(0, num_quiet - last_quiet))
+        self._allocator_totals = (num_sent, num_quiet)
 
     def observe_step(self, stats: StepStats) -> None:
         """Count one engine step's generated tokens, preemptions, swapped and pulled blocks."""

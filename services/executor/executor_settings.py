@@ -60,6 +60,12 @@ class ExecutorSettings(BaseSettings):
         ge=0,
         description="check block-table checksums with the memory manager every N steps (0: never)",
     )
+    defer_quiet_steps: bool = Field(
+        default=True,
+        description="make no memory-manager call for a step that needs nothing from it (its "
+        "appends fit in blocks the sequences hold alone, its commits fill no block); its "
+        "tokens go with the next call",
+    )
     role: Literal["both", "prefill", "decode"] = Field(
         default="both",
         description="which phase of a request this executor takes: prefill runs a new "

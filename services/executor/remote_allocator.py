@@ -33,6 +33,16 @@ lost or misapplied) is repaired like a restart through `resync()`: the executor'
 say where its KV actually is, so the client re-registers with them, and the manager
 rebuilds its state from them, then the step is retried with verification on.
 
+Quiet steps (quire.block.allocator). With `defer_quiet_steps`, a step whose appends all fit
+in their sequences' own partial last blocks and whose commits complete no new full block,
+with nothing else in it, makes no call: its result (nothing changes) is returned at once and
+its tokens and commits are held back. The next step that needs the manager carries them
+(`deferred_appends`, and the latest commit of each sequence). A sequence forked since it last
+appended in a sent step may share its last block, so its appends are never quiet; nor is any
+step of a model whose layers slide a window (its commits release blocks). Re-registering
+sends the tables, which already hold every held-back token, so it drops what was held back.
+At block size 16 a lone decoding sequence calls the manager once every 16 steps.
+
 Unreachable managers are retried with exponential backoff (re-registering before
 every retry) for at most `retry_total_s` seconds, then `AllocatorUnavailableError`
 is raised. `register()` retries the same way, so an executor may start first.
@@ -49,7 +59,13 @@ from types import TracebackType
 import grpc
 import structlog
 
-from quire.block.allocator import AllocatorStats, StepAllocation, StepAllocationResult
+from quire.block.allocator import (
+    AllocatorStats,
+    AppendRequest,
+    CommitRequest,
+    StepAllocation,
+    StepAllocationResult,
+)
 from quire.block.restore import LiveSequenceState
 from quire.block.tables import BlockTables
 from quire.block.window import TableLayout
@@ -139,6 +155,7 @@ class RemoteBlockAllocator:
         accepts_pulls: bool = False,
         sliding_window: int | None = None,
         layout: TableLayout | None = None,
+        defer_quiet_steps: bool = True,
     ) -> None:
         """`step_metadata(step)` is sent as gRPC metadata with that step's Step call (the
         executor sends the request ids the step touches, for the manager's logs).
@@ -147,7 +164,9 @@ class RemoteBlockAllocator:
         `accepts_pulls`: ask the manager to offer peers' blocks (PullOffer) in steps.
         `sliding_window`: every layer's window, when the manager is to release blocks
         outside it (quire.block.window); None keeps every block. `layout`: the KV groups of
-        a hybrid model's tables instead (quire.block.window.TableLayout)."""
+        a hybrid model's tables instead (quire.block.window.TableLayout).
+        `defer_quiet_steps`: make no call for a step that needs nothing from the manager
+        (module docstring); never for a model with a window."""
         if layout is not None and sliding_window is not None:
             raise ValueError("pass sliding_window or layout, not both")
         layout = layout if layout is not None else TableLayout.of(sliding_window)
@@ -177,6 +196,16 @@ class RemoteBlockAllocator:
         self.verify_every = verify_every
         self.num_steps = 0
         self.num_resyncs = 0  # table drift repaired by re-registering
+        self.defer_quiet_steps = (
+            defer_quiet_steps and layout.num_groups == 1 and layout.sliding_window is None
+        )
+        self.num_quiet_steps = 0  # steps that made no call
+        # What quiet steps held back: seq id -> its tokens, and -> its latest commit.
+        self._deferred_tokens: dict[str, list[int]] = {}
+        self._deferred_commits: dict[str, int] = {}
+        # Sequences that may share their last block (forked since they last appended in a
+        # sent step): their appends are never quiet.
+        self._shared_tails: set[str] = set()
         # Set while a step waits for the manager to come back (re-registering and retrying);
         # read by other threads: the executor's liveness record says so, and routers do not
         # take that executor's silence for a hang.
@@ -190,10 +219,14 @@ class RemoteBlockAllocator:
     def step(self, request: StepAllocation) -> StepAllocationResult:
         """Apply one engine step on the manager; re-register and retry if it lost us."""
         with self._lock:
+            if self.defer_quiet_steps and self._is_quiet(request):
+                self._hold_back(request)
+                self.num_quiet_steps += 1
+                return StepAllocationResult()
             self.num_steps += 1
             if self.verify_every and self.num_steps % self.verify_every == 0:
                 request = replace(request, verify_tables=True)
-            message = step_to_proto(self.executor_id, self.epoch, request)
+            message = step_to_proto(self.executor_id, self.epoch, self._with_held_back(request))
             metadata = self.step_metadata(request) if self.step_metadata else None
             try:
                 response = self._stub.Step(message, timeout=self.timeout_s, metadata=metadata)
@@ -206,7 +239,79 @@ class RemoteBlockAllocator:
                     code=exc.code().name,
                 )
                 response = self._recover_and_step(request, exc, metadata)
-            return result_from_proto(response)
+            self._drop_held_back()
+            result = result_from_proto(response)
+            self._note_sent(request, result)
+            return result
+
+    def _is_quiet(self, request: StepAllocation) -> bool:
+        """Whether `request` needs nothing from the manager (module docstring)."""
+        if (
+            request.forks
+            or request.frees
+            or request.admits
+            or request.released_pins
+            or request.verify_tables
+            or request.deferred_appends
+        ):
+            return False
+        tables, block_size = self.tables, self.block_size
+        for append in request.appends:
+            if append.seq_id in self._shared_tails or append.seq_id not in tables:
+                return False
+            num_tokens = tables.num_tokens(append.seq_id)
+            room = len(tables.get(append.seq_id)) * block_size - num_tokens
+            if len(append.token_ids) > room:
+                return False
+        for commit in request.commits:
+            if commit.seq_id not in tables:
+                return False
+            held = tables.num_committed_tokens(commit.seq_id)
+            if commit.num_computed_tokens // block_size > held // block_size:
+                return False
+        return True
+
+    def _hold_back(self, request: StepAllocation) -> None:
+        for append in request.appends:
+            self._deferred_tokens.setdefault(append.seq_id, []).extend(append.token_ids)
+        for commit in request.commits:
+            held = self._deferred_commits.get(commit.seq_id, 0)
+            self._deferred_commits[commit.seq_id] = max(held, commit.num_computed_tokens)
+
+    def _with_held_back(self, request: StepAllocation) -> StepAllocation:
+        """`request` carrying what quiet steps held back."""
+        if not self._deferred_tokens and not self._deferred_commits:
+            return request
+        committed = {c.seq_id for c in request.commits}
+        return replace(
+            request,
+            deferred_appends=tuple(
+                AppendRequest(seq_id, tuple(token_ids))
+                for seq_id, token_ids in self._deferred_tokens.items()
+            ),
+            commits=request.commits
+            + tuple(
+                CommitRequest(seq_id, count)
+                for seq_id, count in self._deferred_commits.items()
+                if seq_id not in committed
+            ),
+        )
+
+    def _drop_held_back(self) -> None:
+        self._deferred_tokens.clear()
+        self._deferred_commits.clear()
+
+    def _note_sent(self, request: StepAllocation, result: StepAllocationResult) -> None:
+        """Track which sequences may share their last block after a sent step."""
+        shared = self._shared_tails
+        for fork in request.forks:
+            shared.add(fork.parent_seq_id)
+            shared.add(fork.child_seq_id)
+        for append in request.appends:
+            if append.token_ids and append.seq_id not in result.preempted:
+                shared.discard(append.seq_id)
+        for seq_id in (*request.frees, *result.preempted):
+            shared.discard(seq_id)
 
     def resync(self, request: StepAllocation, reason: str) -> StepAllocationResult:
         """Rebuild the manager from the executor's tables (re-register), redo the step."""
@@ -218,7 +323,9 @@ class RemoteBlockAllocator:
                 error=reason,
             )
             metadata = self.step_metadata(request) if self.step_metadata else None
-            return result_from_proto(self._recover_and_step(request, None, metadata))
+            result = result_from_proto(self._recover_and_step(request, None, metadata))
+            self._note_sent(request, result)
+            return result
 
     def stats(self) -> AllocatorStats:
         """The executor's pool counters on the manager (one attempt, no re-registration)."""
@@ -293,7 +400,9 @@ class RemoteBlockAllocator:
             group_windows=[w or 0 for w in self.layout.windows] if self.num_groups > 1 else [],
         )
         response = self._stub.Register(request, timeout=self.timeout_s)
-        # The manager now holds exactly the executor's tables; updates apply on top of them.
+        # The manager now holds exactly the executor's tables (every held-back token among
+        # them); updates apply on top of them.
+        self._drop_held_back()
         self.manager_id = response.manager_id
         self.manager_instance = response.instance_id
         self.num_registrations += 1

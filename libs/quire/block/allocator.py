@@ -12,6 +12,11 @@ Processing order inside one call (every implementation must follow it):
 0. `released_pins` -- drop the pins of earlier `pulls` the caller is done with (it pulled
                    the blocks, or gave up); a pin this allocator does not hold (it expired,
                    or the allocator restarted since granting it) is ignored.
+0b. `deferred_appends` -- tokens of earlier steps that needed nothing from the allocator,
+                   which the caller did not send then (quiet steps, see below): added to their
+                   sequences first. Each fits in its sequence's last block, which no other
+                   sequence shares, so it allocates and copies nothing; one that would is
+                   refused as invalid.
 1. `forks`      -- the child shares all of the parent's blocks (refcount + 1).
 2. `commits`    -- record how many tokens of each sequence now have their KV in
                    the cache; every full block below that mark gets its chained
@@ -43,6 +48,14 @@ Processing order inside one call (every implementation must follow it):
                    peer into its table's blocks at the same positions and count them as
                    computed, or ignore the offer and compute them; either way it
                    releases the pin in a later step.
+
+Quiet steps. A step whose appends all fit in their sequences' own partial last blocks and
+whose commits complete no new full block, with nothing else in it, changes no table and
+copies nothing: its result is known in advance. A caller across a process boundary may
+skip the call for it and send what it held back with the next step that needs the
+allocator, as `deferred_appends` and that step's commits (a commit never goes backwards, so
+the latest one stands for the held-back ones). Nothing the allocator publishes changes by
+waiting: prefix hashes are registered only for full blocks.
 
 The result carries block tables as deltas (`table_updates`: only the sequences
 whose table changed, and only the changed tail; see quire.block.tables), so a
@@ -126,6 +139,8 @@ class StepAllocation:
 
     # Pins of earlier pulls the caller no longer needs (`PullOffer.pin_id`).
     released_pins: tuple[str, ...] = ()
+    # Tokens of earlier quiet steps, each within its sequence's own last block (step 0b).
+    deferred_appends: tuple[AppendRequest, ...] = ()
     forks: tuple[ForkRequest, ...] = ()
     commits: tuple[CommitRequest, ...] = ()
     frees: tuple[str, ...] = ()

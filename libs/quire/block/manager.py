@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from quire.block.allocator import (
     AdmitRequest,
     AllocatorStats,
+    AppendRequest,
     CommitRequest,
     ForkRequest,
     StepAllocation,
@@ -181,6 +182,9 @@ class BlockManager:
     def step(self, request: StepAllocation) -> StepAllocationResult:
         """Apply one engine step's forks, commits, frees, appends and admits, in that order."""
         validate_step(request, self._num_tokens_or_none)
+        self._check_deferred(request.deferred_appends)
+        for append in request.deferred_appends:
+            self._seqs[append.seq_id].token_ids.extend(append.token_ids)
         result = StepAllocationResult()
         touched: Touched = {}
         for fork in request.forks:
@@ -207,6 +211,29 @@ class BlockManager:
                 touched[admit.seq_id] = None
         self._record_tables(request, result, touched, released)
         return result
+
+    def _check_deferred(self, appends: tuple[AppendRequest, ...]) -> None:
+        """Raise ValueError, changing nothing, unless every deferred append fits in its
+        sequence's partial last block and that block is the sequence's alone (step 0b)."""
+        for append in appends:
+            seq = self._seqs[append.seq_id]
+            num_tokens = len(seq.token_ids)
+            room = -(num_tokens // -self.block_size) * self.block_size - num_tokens
+            if append.token_ids and (num_tokens == 0 or len(append.token_ids) > room):
+                raise ValueError(
+                    f"deferred_appends: {len(append.token_ids)} tokens of seq_id "
+                    f"{append.seq_id!r} do not fit in its last block ({room} slots left)"
+                )
+            shared = [
+                b
+                for b in seq.block_table[-self.num_groups :]
+                if b == RELEASED_BLOCK or self.pool.refcount(b) != 1
+            ]
+            if append.token_ids and shared:
+                raise ValueError(
+                    f"deferred_appends: the last block of seq_id {append.seq_id!r} is shared "
+                    "or released (a deferred append never copies)"
+                )
 
     def resync(self, request: StepAllocation, reason: str) -> StepAllocationResult:
         """Never needed: the caller's tables are built from this manager's own results in

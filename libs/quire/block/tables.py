@@ -128,6 +128,12 @@ class BlockTables:
         """The live table of `seq_id` (a new list whenever it changes; do not mutate)."""
         return self._seqs[seq_id].table
 
+    def num_tokens(self, seq_id: str) -> int:
+        """Tokens of `seq_id` holding a KV slot, as the allocator was told of them (0 for a
+        sequence the allocator does not hold)."""
+        seq = self._seqs.get(seq_id)
+        return len(seq.token_ids) if seq is not None else 0
+
     def num_committed_tokens(self, seq_id: str) -> int:
         """Tokens of `seq_id` whose full blocks the allocator has in its prefix index (prefix
         hits and commits sent); 0 for a sequence the allocator does not hold."""

@@ -22,13 +22,23 @@ def validate_step(request: StepAllocation, num_tokens_of: Callable[[str], int | 
     """
     forked: dict[str, int] = {}  # child seq id -> token count
     freed: set[str] = set()
+    deferred: dict[str, int] = {}  # seq id -> tokens its deferred append adds
 
     def tokens_if_live(seq_id: str) -> int | None:
         if seq_id in freed:
             return None
         if seq_id in forked:
             return forked[seq_id]
-        return num_tokens_of(seq_id)
+        num_tokens = num_tokens_of(seq_id)
+        return None if num_tokens is None else num_tokens + deferred.get(seq_id, 0)
+
+    for append in request.deferred_appends:
+        if tokens_if_live(append.seq_id) is None:
+            raise ValueError(f"deferred_appends: unknown seq_id {append.seq_id!r}")
+        if append.seq_id in deferred:
+            raise ValueError(f"deferred_appends: seq_id {append.seq_id!r} listed twice")
+        check_token_ids(append.token_ids, f"deferred_appends: seq_id {append.seq_id!r}")
+        deferred[append.seq_id] = len(append.token_ids)
 
     for fork in request.forks:
         parent_tokens = tokens_if_live(fork.parent_seq_id)

@@ -48,6 +48,9 @@ def step_to_proto(executor_id: str, epoch: int, step: StepAllocation) -> pb.Step
         ],
         verify_tables=step.verify_tables,
         released_pins=list(step.released_pins),
+        deferred_appends=[
+            pb.Append(seq_id=a.seq_id, token_ids=a.token_ids) for a in step.deferred_appends
+        ],
     )
 
 
@@ -64,6 +67,9 @@ def step_from_proto(request: pb.StepRequest) -> StepAllocation:
         ),
         verify_tables=request.verify_tables,
         released_pins=tuple(request.released_pins),
+        deferred_appends=tuple(
+            AppendRequest(a.seq_id, tuple(a.token_ids)) for a in request.deferred_appends
+        ),
     )
 
 

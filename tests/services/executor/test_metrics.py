@@ -76,6 +76,20 @@ def test_load_gauges_and_totals_and_step_counts_become_counters() -> None:
     assert samples(metrics)["quire_executor_kv_cache_usage_perc"] == 0.25
 
 
+def test_memory_manager_steps_count_sent_and_quiet_from_the_allocator_totals() -> None:
+    metrics = ExecutorMetrics("quire-tiny")
+    metrics.observe_allocator_steps(num_sent=3, num_quiet=0)
+    metrics.observe_allocator_steps(num_sent=4, num_quiet=15)
+    text = generate_latest(metrics.registry).decode()
+    got = {
+        s.labels["call"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "quire_executor_memory_manager_steps_total"
+    }
+    assert got == {"sent": 4, "quiet": 15}
+
+
 def test_step_metadata_lists_request_ids_lifecycle_first() -> None:
     ids = RequestIds(max_ids=3)
     for engine_id, request_id in [("e1", "r1"), ("e2", "r2"), ("e3", "r3"), ("e4", "r4")]:

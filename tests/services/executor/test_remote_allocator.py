@@ -51,7 +51,7 @@ def test_unreachable_manager_raises_after_retry_budget() -> None:
     with pytest.raises(AllocatorUnavailableError):
         allocator.register()
     with pytest.raises(AllocatorUnavailableError, match="unreachable"):
-        allocator.step(StepAllocation())
+        allocator.step(StepAllocation(admits=(AdmitRequest("a", (1, 2)),)))
     with pytest.raises(AllocatorUnavailableError):
         allocator.stats()
     assert time.monotonic() - start < 5
@@ -66,7 +66,7 @@ def test_a_step_waiting_for_the_manager_says_so_until_it_gives_up() -> None:
 
     def step() -> None:
         with pytest.raises(AllocatorUnavailableError):
-            allocator.step(StepAllocation())
+            allocator.step(StepAllocation(admits=(AdmitRequest("a", (1, 2)),)))
 
     thread = threading.Thread(target=step)
     assert not allocator.is_recovering

@@ -73,7 +73,11 @@ def test_deltas_over_grpc_give_the_oracles_tables(manager: ManagerThread, seed: 
         got = executor.step(
             **{f: getattr(request, f) for f in ("forks", "commits", "frees", "appends", "admits")}
         )
-        assert got == expected, f"step {n}"
+        # A quiet step makes no call, so it carries no checksums; the sent ones' are checked
+        # by the tables (num_resyncs below).
+        assert replace(got, table_checksums={}) == replace(expected, table_checksums={}), (
+            f"step {n}"
+        )
         live = {s: oracle.block_table(s) for s in oracle.seq_ids()}
         assert executor.tables(*live) == live
         assert len(executor.block_tables) == len(live)

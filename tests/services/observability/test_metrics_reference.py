@@ -55,8 +55,11 @@ OWN_EXECUTOR_SERIES = {
         "pull_seconds",
         "pull_fallbacks",
         "pulls_declined",
+        "memory_manager_steps",
     )
 }
+# Own series with a label beside model_name.
+EXTRA_LABELS = {"quire_executor_memory_manager_steps_total": ("call",)}
 
 
 def test_executor_series_are_vllm_series_under_the_quire_executor_prefix() -> None:
@@ -68,7 +71,7 @@ def test_executor_series_are_vllm_series_under_the_quire_executor_prefix() -> No
             assert doc.vllm is None, doc.name
         else:
             assert doc.vllm == "vllm:" + doc.name.removeprefix("quire_executor_"), doc.name
-        assert doc.labels == ("model_name",), doc.name
+        assert doc.labels == ("model_name", *EXTRA_LABELS.get(doc.name, ())), doc.name
     assert all(d.vllm is None for d in metric_docs() if d.service != "executor")
 
 
