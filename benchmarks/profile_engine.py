@@ -1,7 +1,8 @@
 """Where one offline run's time goes: the engine step's parts and the torch ops inside them.
 
     python -m benchmarks.profile_engine [--model DIR] [--dtype bfloat16] [--num-requests 64]
-        [--memory-manager grpc] [--max-num-seqs 256] [--max-prompt-len N] [--max-output-len N]
+        [--memory-manager grpc [--no-quiet-steps]] [--max-num-seqs 256] [--max-prompt-len N]
+        [--max-output-len N] [--layer-by-layer]
 
 Runs the engine benchmark's ShareGPT requests (same sampling, greedy, each to its ShareGPT
 output length) through `LLM.engine` after a warm-up, and reports:
@@ -12,6 +13,8 @@ output length) through `LLM.engine` after a warm-up, and reports:
   process on a local socket (the executor's RemoteBlockAllocator), so allocator_s is the
   Step round trip; `full_steps` then gives its share of the step time over the steps that
   ran at least 15/16 of --max-num-seqs sequences, and `by_running` per quarter of it;
+  steps that needed nothing from the manager make no call (quiet steps, counted in
+  `allocator_steps`) unless `--no-quiet-steps`;
 - with `--torch-profile`, torch.profiler's operators by self CPU time over the same run
   (the profiler adds overhead: its shares, not its absolute times, are the figures).
 
@@ -124,7 +127,9 @@ def by_running(steps: list[StepStats], full_batch: int, bins: int = 4) -> list[d
     return rows
 
 
-def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
+def remote_engine(
+    config: EngineConfig, defer_quiet_steps: bool = True
+) -> tuple[LLMEngine, Callable[[], None]]:
     """An engine whose blocks come from a memory manager in a child process (and a closer)."""
     ports: Any = multiprocessing.get_context("spawn").Queue()
     server = multiprocessing.get_context("spawn").Process(target=serve, args=(ports,), daemon=True)
@@ -142,6 +147,7 @@ def remote_engine(config: EngineConfig) -> tuple[LLMEngine, Callable[[], None]]:
             "",
             tables,
             layout=layout,
+            defer_quiet_steps=defer_quiet_steps,
         )
 
     engine = LLMEngine(config, allocator_factory=make)
@@ -179,6 +185,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-manager", default="local", choices=["local", "grpc"])
+    parser.add_argument(
+        "--no-quiet-steps",
+        action="store_true",
+        help="with --memory-manager grpc: call the manager on every step, quiet ones too",
+    )
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-output-len", type=int, default=None, help="cap output lengths")
     parser.add_argument("--max-prompt-len", type=int, default=None, help="cap prompt lengths")
@@ -198,7 +209,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.memory_manager == "grpc":
         config = llm.engine.config
         del llm.engine  # its KV pool goes before the remote engine allocates one
-        llm.engine, close = remote_engine(config)
+        llm.engine, close = remote_engine(config, not args.no_quiet_steps)
     engine = llm.engine
     if args.layer_by_layer:
         engine.model.fused_layers = None
@@ -221,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "memory_manager": args.memory_manager,
         "layer_by_layer": args.layer_by_layer,
+        "quiet_steps": args.memory_manager == "grpc" and not args.no_quiet_steps,
         "max_num_seqs": args.max_num_seqs,
         "num_requests": args.num_requests,
         "max_output_len": args.max_output_len,
@@ -236,6 +248,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         else:
             result["run"] = run(engine, workload.prompts, workload.output_lens, args.max_num_seqs)
     finally:
+        if isinstance(engine.allocator, RemoteBlockAllocator):
+            result["allocator_steps"] = {
+                "sent": engine.allocator.num_steps,
+                "quiet": engine.allocator.num_quiet_steps,
+            }
         close()
     print_report(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -267,6 +284,9 @@ def print_report(result: dict[str, Any]) -> None:
             f"{row['mean_running']:.0f}): step {row['mean_step_ms']:.1f} ms, allocator "
             f"{row['mean_allocator_ms']:.2f} ms = {row['allocator_share']:.2%}"
         )
+    if "allocator_steps" in result:
+        calls = result["allocator_steps"]
+        print(f"  memory-manager calls: {calls['sent']} sent, {calls['quiet']} quiet steps")
     for op in result.get("top_ops", []):
         print(f"  {op['share']:6.1%}  {op['self_cpu_ms']:9.1f} ms  {op['calls']:7d}  {op['op']}")
 
