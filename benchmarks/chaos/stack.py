@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import shutil
 import sys
@@ -11,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.chaos.cluster import blocks_leaked, wait_healthy
+import httpx
+
+from benchmarks.chaos.cluster import blocks_leaked, cluster_status, wait_healthy
 from benchmarks.chaos.load import ACTIVE, Load, tally
 from services.stack.ports import free_port, stack_ports
 from services.stack.runner import Stack
@@ -118,9 +121,19 @@ async def start_process(stack: Stack, name: str, timeout_s: float) -> None:
     await asyncio.to_thread(stack.wait_ready, name, timeout_s)
 
 
+# An executor's fields of the router's /cluster/status that a leak report carries.
+LEAK_FIELDS = ("id", "healthy", "num_running", "num_waiting", "kv_blocks_used", "kv_blocks_cached")
+
+
 async def settle(load: Load, admin_url: str) -> dict[str, Any]:
     """Stop the load: its buckets, and the KV blocks still in use once the cluster is idle."""
     await load.finish()
     result: dict[str, Any] = tally(load.outcomes)
     result["blocks_leaked"] = await blocks_leaked(admin_url)
+    if result["blocks_leaked"]:
+        # What each executor's record said then, for whoever reads the failure.
+        with contextlib.suppress(httpx.HTTPError):
+            result["leak_detail"] = [
+                {k: e.get(k) for k in LEAK_FIELDS} for e in await cluster_status(admin_url)
+            ]
     return result

@@ -1,15 +1,18 @@
-"""Memory-manager test helpers: an in-process server on its own thread, an executor mirror."""
+"""Memory-manager test helpers: an in-process server on its own thread, an executor mirror,
+an engine run to the end."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
 
 from quire.block import BlockTables, StepAllocation, StepAllocationResult
+from quire.engine.llm_engine import LLMEngine
+from quire.sampling_params import SamplingParams
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.memory_manager.manager_server import MemoryManagerServer
 from services.memory_manager.manager_settings import Settings
@@ -91,3 +94,24 @@ class MirroredAllocator:
     def tables(self, *seq_ids: str) -> dict[str, list[int]]:
         """The executor's copy of these sequences' tables (built from the updates)."""
         return {seq_id: self.block_tables.get(seq_id) for seq_id in seq_ids}
+
+
+def engine_tokens(
+    engine: LLMEngine,
+    requests: dict[str, tuple[str, SamplingParams]],
+    after_step: Callable[[int], None] | None = None,
+) -> dict[str, list[int]]:
+    """Run `requests` (id -> prompt, params) to the end; every output's tokens by
+    "request_id/index". `after_step(n)` runs after the engine's n-th step."""
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    tokens: dict[str, list[int]] = {}
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        for output in engine.step().outputs:
+            for seq in output.outputs:
+                tokens.setdefault(f"{output.request_id}/{seq.index}", []).extend(seq.new_token_ids)
+        num_steps += 1
+        if after_step is not None:
+            after_step(num_steps)
+    return tokens

@@ -10,7 +10,7 @@ from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.stack.ports import free_port
-from tests.services.memory_manager.conftest import ManagerThread
+from tests.services.memory_manager.conftest import ManagerThread, engine_tokens
 
 TINY = Path(__file__).resolve().parents[3] / "models" / "quire-tiny"
 PROMPTS = {
@@ -26,18 +26,13 @@ def run(engine: LLMEngine, restart: object = None, at_step: int = 3) -> dict[str
         "r1": SamplingParams(temperature=0, max_tokens=12, n=2, seed=1),
         "r2": SamplingParams(temperature=0.8, max_tokens=12, seed=7),
     }
-    for request_id, prompt in PROMPTS.items():
-        engine.add_request(request_id, prompt, params[request_id])
-    tokens: dict[str, list[int]] = {}
-    num_steps = 0
-    while engine.has_unfinished_requests():
-        for output in engine.step().outputs:
-            for seq in output.outputs:
-                tokens.setdefault(f"{output.request_id}/{seq.index}", []).extend(seq.new_token_ids)
-        num_steps += 1
+
+    def after_step(num_steps: int) -> None:
         if num_steps == at_step and callable(restart):
             restart()
-    return tokens
+
+    requests = {request_id: (prompt, params[request_id]) for request_id, prompt in PROMPTS.items()}
+    return engine_tokens(engine, requests, after_step)
 
 
 def test_engine_over_remote_allocator_survives_manager_restart() -> None:

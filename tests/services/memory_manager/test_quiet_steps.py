@@ -8,6 +8,7 @@ held back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,11 @@ from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.stack.ports import free_port
-from tests.services.memory_manager.conftest import ManagerThread, MirroredAllocator
+from tests.services.memory_manager.conftest import (
+    ManagerThread,
+    MirroredAllocator,
+    engine_tokens,
+)
 
 TINY = Path(__file__).resolve().parents[3] / "models" / "quire-tiny"
 BLOCK_SIZE = 4
@@ -43,19 +48,11 @@ PARAMS = {
 }
 
 
-def outputs(engine: LLMEngine, after_step: object = None) -> dict[str, list[int]]:
-    for request_id, prompt in PROMPTS.items():
-        engine.add_request(request_id, prompt, PARAMS[request_id])
-    tokens: dict[str, list[int]] = {}
-    num_steps = 0
-    while engine.has_unfinished_requests():
-        for output in engine.step().outputs:
-            for seq in output.outputs:
-                tokens.setdefault(f"{output.request_id}/{seq.index}", []).extend(seq.new_token_ids)
-        num_steps += 1
-        if callable(after_step):
-            after_step(num_steps)
-    return tokens
+def outputs(
+    engine: LLMEngine, after_step: Callable[[int], None] | None = None
+) -> dict[str, list[int]]:
+    requests = {request_id: (prompt, PARAMS[request_id]) for request_id, prompt in PROMPTS.items()}
+    return engine_tokens(engine, requests, after_step)
 
 
 def manager_view(manager: ManagerThread, executor_id: str) -> BlockManager:
