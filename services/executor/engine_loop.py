@@ -265,9 +265,6 @@ class EngineLoop:
             if timing is not None:
                 self.metrics.request_queue_time.observe(max(0.0, started - timing.arrived_at))
         self.metrics.observe_step(stats)
-        allocator = self.engine.allocator
-        if isinstance(allocator, RemoteBlockAllocator):
-            self.metrics.observe_allocator_steps(allocator.num_steps, allocator.num_quiet_steps)
 
     def _observe(self, delta: RequestDelta, now: float) -> None:
         timing = self._timings.get(delta.request_id)
@@ -315,4 +312,7 @@ class EngineLoop:
         if self.metrics is not None:
             self.metrics.observe_load(self.load)
             self.metrics.observe_prefix_cache(pool.prefix_cache_queries, pool.prefix_cache_hits)
+            allocator = self.engine.allocator
+            if isinstance(allocator, RemoteBlockAllocator):
+                self.metrics.observe_allocator_steps(allocator.num_steps, allocator.num_quiet_steps)
         return self.load

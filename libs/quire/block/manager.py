@@ -40,7 +40,7 @@ from quire.block.appends import AppendPhase, Touched
 from quire.block.hashing import extend_block_hashes, group_block_hash
 from quire.block.pool import BlockPool
 from quire.block.restore import LiveSequenceState, validate_live_sequences
-from quire.block.sequence_state import SequenceState
+from quire.block.sequence_state import SequenceState, cdiv
 from quire.block.tables import named_seq_ids, table_checksum
 from quire.block.validation import validate_step
 from quire.block.window import RELEASED_BLOCK, TableLayout, first_needed_block
@@ -216,20 +216,18 @@ class BlockManager:
         """Raise ValueError, changing nothing, unless every deferred append fits in its
         sequence's partial last block and that block is the sequence's alone (step 0b)."""
         for append in appends:
+            if not append.token_ids:
+                continue
             seq = self._seqs[append.seq_id]
             num_tokens = len(seq.token_ids)
-            room = -(num_tokens // -self.block_size) * self.block_size - num_tokens
-            if append.token_ids and (num_tokens == 0 or len(append.token_ids) > room):
+            room = cdiv(num_tokens, self.block_size) * self.block_size - num_tokens
+            if num_tokens == 0 or len(append.token_ids) > room:
                 raise ValueError(
                     f"deferred_appends: {len(append.token_ids)} tokens of seq_id "
                     f"{append.seq_id!r} do not fit in its last block ({room} slots left)"
                 )
-            shared = [
-                b
-                for b in seq.block_table[-self.num_groups :]
-                if b == RELEASED_BLOCK or self.pool.refcount(b) != 1
-            ]
-            if append.token_ids and shared:
+            last = seq.block_table[-self.num_groups :]
+            if any(b == RELEASED_BLOCK or self.pool.refcount(b) != 1 for b in last):
                 raise ValueError(
                     f"deferred_appends: the last block of seq_id {append.seq_id!r} is shared "
                     "or released (a deferred append never copies)"
