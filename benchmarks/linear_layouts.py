@@ -24,8 +24,7 @@ from time import perf_counter
 import torch
 import torch.nn.functional as F
 
-from quire.kernels import backends as kernel_backends
-from quire.model.linear import Linear
+from quire.model.linear import Linear, can_run
 
 # (out_features, in_features) of SmolLM2-135M's matmuls.
 SHAPES = {
@@ -87,8 +86,7 @@ def main(argv: list[str] | None = None) -> None:
             layers = {
                 b: [Linear(w, None, b, batch_size_hint=max(args.rows)) for w in weights]
                 for b in backends
-                if (b != "widened" or dtype != torch.float32)
-                and (b != "packed" or kernel_backends.packed_linear(dtype) is not None)
+                if (b != "widened" or dtype != torch.float32) and can_run(b, dtype)
             }
             for m in args.rows:
                 x = torch.randn(m, k, dtype=dtype)

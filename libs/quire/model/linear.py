@@ -12,18 +12,20 @@ Backends (`QUIRE_LINEAR_BACKEND`, chosen once at load):
   `torch.ops.mkldnn._linear_pointwise`; bit for bit the kernel `F.linear` reaches for
   bfloat16, without the per-call reorder.
 - `widened`: a bfloat16 or float16 weight widened once to float32 (exactly: every 16-bit
-  float is a float32) and multiplied in float32 (`x.float() @ W_t`), the output rounded back
-  to the activation dtype. That is what a 16-bit GEMM computes (exact products, float32
-  accumulation, one rounding), in another summation order. On CPUs without AMX tiles the
-  16-bit dot-product instructions (AVX512_BF16's `vdpbf16ps`) multiply no faster than float32
-  FMAs, so once a product is bound by multiplying rather than by reading its weight, float32
-  wins: over 30 layers of the default model's weights (read from memory, as in a forward
-  pass), one thread, a decoder layer's four widened products are 1.07x faster than oneDNN's
-  bfloat16 at 32 rows, 1.36x at 64 and 1.48x at 256 (`OMP_NUM_THREADS=1 python -m
-  benchmarks.linear_layouts --dtypes bfloat16`). Below `MIN_WIDENED_ROWS` rows they are
-  bound by reading the weight, which float32 doubles, so the narrow weight is kept too
-  (reordered for oneDNN) and used there; the float32 copy costs twice those weights' size in
-  memory. The LM head has its own rule (`head_backend`).
+  float is a float32) and multiplied in float32 on oneDNN's float32 linear where it runs (else
+  torch's), the output rounded back to the activation dtype. That is what a 16-bit GEMM
+  computes (exact products, float32 accumulation, one rounding), in another summation order.
+  On CPUs without AMX tiles the 16-bit dot-product instructions (AVX512_BF16's `vdpbf16ps`)
+  multiply no faster than float32 FMAs, so once a product is bound by multiplying rather than
+  by reading its weight, float32 wins (`OMP_NUM_THREADS=1 python -m benchmarks.linear_layouts
+  --dtypes bfloat16` measures where). Below `MIN_WIDENED_ROWS` rows the products are bound by
+  reading the weight, which float32 doubles, so the narrow weight is kept too (reordered for
+  oneDNN) and used there; the float32 copy costs twice those weights' size in memory. On a
+  CPU where oneDNN has no 16-bit linear (no AVX-512 BW/VL/DQ or AVX-NE-CONVERT), torch's own
+  16-bit NN GEMM is far slower than float32 at every row count, and its NT product
+  (`F.linear`, a GEMV per row) beats the float32 copy only for a single row: the narrow
+  weight is kept in its `[out, in]` layout for `F.linear` below `MIN_GEMV_ROWS` rows. The LM
+  head has its own rule (`head_backend`).
 
 `auto` (the default) on the CPU is measured, not assumed: given the model's linear shapes
 (`LayerShapes`), `tuned_backend` times each candidate backend of the dtype on those shapes
@@ -51,10 +53,13 @@ from quire.kernels import packed_linear
 
 BACKENDS = ("auto", "onednn", "packed", "torch", "widened")
 MIN_WIDENED_ROWS = 32  # fewer rows than this: a widened layer multiplies its narrow weight
+# Without oneDNN's 16-bit linear, fewer rows than this take F.linear on the narrow weight.
+MIN_GEMV_ROWS = 2
 # `tuned_backend`: batch sizes timed (small and large decode batches and a prefill-sized one;
 # below MIN_WIDENED_ROWS a widened layer is timed on its narrow weight, as it runs) and repeats.
 TUNE_ROWS = (4, 32, 128)
 TUNE_REPEATS = 5
+TUNE_HOPELESS = 4.0  # slower than this multiple of the fastest everywhere: timed only once
 # (out_features, in_features) of one decoder layer's linears, e.g. qkv, o, gate_up, down.
 LayerShapes = tuple[tuple[int, int], ...]
 # What `tuned_backend` measured: (dtype, shapes) -> backend -> its mean, over TUNE_ROWS, of
@@ -134,7 +139,8 @@ _CANDIDATES: dict[torch.dtype, tuple[str, ...]] = {
 }
 
 
-def _can_run(backend: str, dtype: torch.dtype) -> bool:
+def can_run(backend: str, dtype: torch.dtype) -> bool:
+    """Whether `backend` runs linears of `dtype` on this CPU and build."""
     if backend == "onednn":
         return _onednn_available(dtype)
     if backend == "packed":
@@ -148,22 +154,31 @@ def tuned_backend(dtype: torch.dtype, shapes: LayerShapes) -> str:
     per process on random weights: all candidates interleaved, each one's best of
     TUNE_REPEATS at each of TUNE_ROWS as a multiple of the fastest there, averaged over
     TUNE_ROWS (each batch size counts the same, not the largest most); the figures go to
-    TUNINGS."""
-    candidates = [b for b in _CANDIDATES[dtype] if _can_run(b, dtype)]
+    TUNINGS. A candidate TUNE_HOPELESS times slower than the fastest at every row count on
+    the first timed pass is not timed again."""
+    candidates = [b for b in _CANDIDATES[dtype] if can_run(b, dtype)]
     gen = torch.Generator().manual_seed(0)
     weights = [(torch.randn(o, i, generator=gen) * 0.02).to(dtype) for o, i in shapes]
     inputs = {m: [torch.randn(m, i, generator=gen).to(dtype) for _, i in shapes] for m in TUNE_ROWS}
     layers = {b: [Linear(w, None, b) for w in weights] for b in candidates}
     best = {(b, m): float("inf") for b in candidates for m in TUNE_ROWS}
+    timed = list(candidates)
     with torch.inference_mode():
         for repeat in range(TUNE_REPEATS + 1):  # the first pass warms up, untimed
-            for b in candidates:
+            for b in timed:
                 for m in TUNE_ROWS:
                     started = time.perf_counter()
                     for layer, x in zip(layers[b], inputs[m], strict=True):
                         layer(x)
                     if repeat:
                         best[b, m] = min(best[b, m], time.perf_counter() - started)
+            if repeat == 1:  # a candidate TUNE_HOPELESS times slower at every row count is done
+                first = {m: min(best[b, m] for b in timed) for m in TUNE_ROWS}
+                timed = [
+                    b
+                    for b in timed
+                    if any(best[b, m] < TUNE_HOPELESS * first[m] for m in TUNE_ROWS)
+                ]
     fastest = {m: min(best[b, m] for b in candidates) for m in TUNE_ROWS}
     slowdown = {
         b: sum(best[b, m] / fastest[m] for m in TUNE_ROWS) / len(TUNE_ROWS) for b in candidates
@@ -182,8 +197,9 @@ def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None =
     in bfloat16, 1.22x at 16 and even at 256; 1.68x in float32 at 1 row, even at 64 and 0.95x
     at 256 (`python -m benchmarks.linear_layouts`; decode computes the head for the sampled
     rows only), and oneDNN's 1.0-1.8x faster than the NN GEMM in float32. A widened model keeps its head
-    narrow for the same reason. An explicit `torch`, `onednn` or `packed` applies to the head
-    too.
+    narrow for the same reason. A 16-bit head with neither (a CPU without AVX-512) is widened:
+    torch's own 16-bit GEMM is no narrow path worth keeping there (`Linear`). An explicit
+    `torch`, `onednn` or `packed` applies to the head too.
     """
     backend = backend or os.environ.get("QUIRE_LINEAR_BACKEND", "auto")
     chosen = linear_backend(dtype, device, backend)
@@ -195,7 +211,7 @@ def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None =
         return "packed"
     if _onednn_available(dtype):
         return "onednn"
-    return "torch"
+    return "widened" if dtype in (torch.bfloat16, torch.float16) else "torch"
 
 
 class Linear:
@@ -207,6 +223,7 @@ class Linear:
         bias: torch.Tensor | None,
         backend: str,
         batch_size_hint: int = 64,  # rows oneDNN tunes the blocked layout for
+        keep_layout: bool = False,  # torch on the CPU: keep [out, in] for F.linear's NT product
     ) -> None:
         assert backend in BACKENDS[1:], f"unknown linear backend {backend!r}"
         self.out_features, self.in_features = weight.shape
@@ -214,18 +231,29 @@ class Linear:
         self.bias = bias
         # weight_t: [in_features, out_features] for the CPU's NN product, else None
         self.weight_t: torch.Tensor | None = None
-        # A widened layer's own weight for batches of few rows (oneDNN-reordered), else None.
+        # A widened layer's float32 product (its own backend) and, for batches of fewer than
+        # narrow_rows rows, its 16-bit one (oneDNN-reordered, or the plain [out, in] weight
+        # for F.linear); else None.
+        self.wide: Linear | None = None
         self.narrow: Linear | None = None
+        self.narrow_rows = 0
         if backend == "onednn":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, batch_size_hint)
         elif backend == "packed":
             self.weight = packed_linear.pack_weight(weight)
-        elif weight.device.type == "cpu":
-            if backend == "widened":
-                narrow = "onednn" if _onednn_available(weight.dtype) else "torch"
-                self.narrow = Linear(weight, bias, narrow, MIN_WIDENED_ROWS)
-                weight = weight.float()
-                self.bias = None if bias is None else bias.float()
+        elif backend == "widened" and weight.device.type == "cpu":
+            wide = "onednn" if _onednn_available(torch.float32) else "torch"
+            self.wide = Linear(weight.float(), None if bias is None else bias.float(), wide)
+            if _onednn_available(weight.dtype):
+                self.narrow = Linear(weight, bias, "onednn", MIN_WIDENED_ROWS)
+                self.narrow_rows = MIN_WIDENED_ROWS
+            else:
+                # torch's own 16-bit products: F.linear's (NT) is a row-by-row GEMV that beats
+                # reading the float32 copy only for a single row; its NN GEMM never does.
+                self.narrow = Linear(weight, bias, "torch", keep_layout=True)
+                self.narrow_rows = MIN_GEMV_ROWS
+            self.weight = self.wide.weight
+        elif weight.device.type == "cpu" and not keep_layout:
             self.weight_t = weight.t().contiguous()
             self.weight = self.weight_t.t()
         else:
@@ -240,11 +268,11 @@ class Linear:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         if self.backend == "packed":
             return packed_linear.packed_linear(x, self.weight, self.bias, self.out_features)
+        if self.wide is not None:
+            if self.narrow is not None and x.shape[0] < self.narrow_rows:
+                return self.narrow(x)
+            return self.wide(x.float()).to(x.dtype)
         if self.weight_t is not None:
-            if self.narrow is not None:
-                if x.shape[0] < MIN_WIDENED_ROWS:
-                    return self.narrow(x)
-                return self._matmul(x.float()).to(x.dtype)
             return self._matmul(x)
         return F.linear(x, self.weight, self.bias)
 

@@ -11,6 +11,7 @@ from quire.kernels import cpp_build
 from quire.model import linear as linear_module
 from quire.model.linear import (
     BACKENDS,
+    MIN_GEMV_ROWS,
     MIN_WIDENED_ROWS,
     TUNINGS,
     Linear,
@@ -60,7 +61,7 @@ def test_auto_takes_the_backend_its_clock_says_is_fastest(
 ) -> None:
     """Given timings known in advance (each backend charging the clock a set cost per row),
     the tuning picks the cheapest and reports each one's cost relative to it."""
-    candidates = [b for b in linear_module._CANDIDATES[dtype] if linear_module._can_run(b, dtype)]
+    candidates = [b for b in linear_module._CANDIDATES[dtype] if linear_module.can_run(b, dtype)]
     assert len(candidates) >= 2, candidates
     # The last candidate is made the cheapest (the rule's fixed order would not pick it).
     costs = {b: 3.0 + i for i, b in enumerate(candidates)} | {candidates[-1]: 1.0}
@@ -117,15 +118,16 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         linear_backend(torch.float16, CPU, "onednn")
     # The LM head: packed where it runs, else oneDNN where it runs the dtype, on the CPU unless
     # a backend is named.
+    # A 16-bit head with neither is widened (torch's own 16-bit GEMM is no narrow path).
     for dtype in (torch.float32, torch.bfloat16):
         onednn = dtype == torch.float32 or can_run_onednn_bfloat16()
-        expected = "packed" if can_run_packed_linear(dtype) else "onednn" if onednn else "torch"
+        expected = "packed" if can_run_packed_linear(dtype) else "onednn" if onednn else "widened"
         assert head_backend(dtype, CPU, "auto") == expected
         assert head_backend(dtype, CPU, "widened") == expected
         assert head_backend(dtype, CPU, "torch") == "torch"
         if onednn:
             assert head_backend(dtype, CPU, "onednn") == "onednn"
-    assert head_backend(torch.float16, CPU, "auto") == "torch"
+    assert head_backend(torch.float16, CPU, "auto") == "widened"
     assert head_backend(torch.float32, torch.device("cuda"), "auto") == "torch"
     monkeypatch.setenv("QUIRE_LINEAR_BACKEND", "fastest")
     with pytest.raises(ValueError, match="QUIRE_LINEAR_BACKEND"):
@@ -142,8 +144,11 @@ def test_widened_linear_is_the_rounded_float32_product(
     weight = torch.randn(96, 80, generator=gen).to(dtype)
     bias = torch.randn(96, generator=gen).to(dtype) if with_bias else None
     layer = Linear(weight, bias, "widened")
-    assert layer.weight_t is not None and layer.weight_t.dtype == torch.float32
-    assert torch.equal(layer.weight_t.t().to(dtype), weight)  # widening is exact
+    assert layer.wide is not None and layer.wide.out_features == 96
+    # the float32 copy, read back through its product with the identity: widening is exact
+    read_back = layer.wide(torch.eye(80))  # [in, out] (+ bias)
+    expected = weight.float().t() + (0.0 if bias is None else bias.float())
+    assert read_back.dtype == torch.float32 and torch.equal(read_back, expected)
     wide = torch.randn(rows, 160, generator=gen).to(dtype)
     for x in (wide[:, :80].contiguous(), wide[:, :80]):  # and a strided view
         out = layer(x)
@@ -157,8 +162,15 @@ def test_widened_linear_is_the_rounded_float32_product(
         if bias is not None:
             magnitude = magnitude + bias.double().abs()
         assert bool(((out.double() - exact).abs() <= ulp + magnitude * 2.0**-20).all())
-        if rows < MIN_WIDENED_ROWS:  # few rows: the narrow weight, the 16-bit kernel's bits
-            assert layer.narrow is not None
+        # Few rows: the narrow weight (the 16-bit kernel's bits) where oneDNN runs the
+        # dtype; elsewhere no narrow weight is kept and every batch is widened.
+        # oneDNN's 16-bit product where it runs, else F.linear's on the [out, in] weight.
+        assert layer.narrow is not None
+        if linear_module.can_run("onednn", dtype):
+            assert layer.narrow.backend == "onednn" and layer.narrow_rows == MIN_WIDENED_ROWS
+        else:
+            assert layer.narrow.weight is weight and layer.narrow_rows == MIN_GEMV_ROWS
+        if rows < layer.narrow_rows:
             assert torch.equal(out, layer.narrow(x))
 
 
@@ -170,10 +182,12 @@ def test_onednn_bfloat16_is_never_chosen_where_the_cpu_lacks_it() -> None:
         return
     with pytest.raises(ValueError, match="does not run torch.bfloat16 here"):
         linear_backend(torch.bfloat16, CPU, "onednn")
-    assert not linear_module._can_run("onednn", torch.bfloat16)
-    assert head_backend(torch.bfloat16, CPU, "auto") in ("packed", "torch")
-    widened = Linear(torch.randn(8, 16).to(torch.bfloat16), None, "widened")
+    assert not linear_module.can_run("onednn", torch.bfloat16)
+    assert head_backend(torch.bfloat16, CPU, "auto") in ("packed", "widened")
+    weight = torch.randn(8, 16).to(torch.bfloat16)
+    widened = Linear(weight, None, "widened")
     assert widened.narrow is not None and widened.narrow.backend == "torch"
+    assert widened.narrow.weight is weight and widened.narrow.weight_t is None  # F.linear's NT
 
 
 @needs_onednn_bfloat16
