@@ -471,12 +471,13 @@ class BlockManager:
             self._check_seq_hashes(seq_id, seq)
         for block_id, count in self._pinned.items():
             references[block_id] += count
-        for block_id, count in enumerate(references):
-            refcount = self.pool.refcount(block_id)
-            if refcount != count:
-                raise AssertionError(
-                    f"block {block_id}: refcount {refcount} but {count} table and pin references"
-                )
+        refcounts = self.pool.refcounts()
+        if refcounts != references:
+            block_id = next(b for b, count in enumerate(references) if refcounts[b] != count)
+            raise AssertionError(
+                f"block {block_id}: refcount {refcounts[block_id]} but "
+                f"{references[block_id]} table and pin references"
+            )
         self.pool.check_counters()
 
     def _check_released(self, seq_id: str, seq: SequenceState) -> None:

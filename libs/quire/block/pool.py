@@ -78,6 +78,10 @@ class BlockPool:
         self._check_id(block_id)
         return self._refcounts[block_id]
 
+    def refcounts(self) -> list[int]:
+        """Every block's refcount, by block id (a copy)."""
+        return list(self._refcounts)
+
     def block_hash(self, block_id: int) -> bytes | None:
         self._check_id(block_id)
         return self._hashes[block_id]
@@ -220,14 +224,27 @@ class BlockPool:
 
     def check_integrity(self, counters: bool = True) -> None:
         """Raise AssertionError when the queue, refcounts, index or counters disagree."""
-        for block_id, refcount in enumerate(self._refcounts):
-            if refcount < 0:
-                raise AssertionError(f"block {block_id} has refcount {refcount}")
-            if (refcount == 0) != (block_id in self._free):
-                raise AssertionError(
-                    f"block {block_id} has refcount {refcount} but "
-                    f"{'is' if block_id in self._free else 'is not'} in the free queue"
-                )
+        # Whole-list comparisons first (a pool holds tens of thousands of blocks and tests check
+        # after every step); the block-by-block walk only names the first bad block.
+        # (The free queue's ids are distinct: as many as the zero refcounts, each at zero, is
+        # the same set.)
+        free = self._free
+        refcounts = self._refcounts
+        if (
+            min(refcounts, default=0) < 0
+            or refcounts.count(0) != len(free)
+            or (free and not (min(free) >= 0 and max(free) < self.num_blocks))
+            or any(map(refcounts.__getitem__, free))
+        ):
+            for block_id, refcount in enumerate(refcounts):
+                if refcount < 0:
+                    raise AssertionError(f"block {block_id} has refcount {refcount}")
+                if (refcount == 0) != (block_id in free):
+                    raise AssertionError(
+                        f"block {block_id} has refcount {refcount} but "
+                        f"{'is' if block_id in free else 'is not'} in the free queue"
+                    )
+            raise AssertionError("the free queue holds a block id outside the pool")
         if len(self._free) + self.num_used_blocks != self.num_blocks:
             raise AssertionError("free + used blocks != total")
 
@@ -253,7 +270,7 @@ class BlockPool:
         cached = sum(1 for b in self._index.values() if self._refcounts[b] == 0)
         if cached != self._num_cached:
             raise AssertionError(f"cached-block counter {self._num_cached} != {cached}")
-        shared = sum(1 for refcount in self._refcounts if refcount > 1)
+        shared = sum(map((1).__lt__, self._refcounts))  # refcounts above 1
         if shared != self._num_shared:
             raise AssertionError(f"shared-block counter {self._num_shared} != {shared}")
 

@@ -8,6 +8,8 @@ Nothing here imports torch at module level, so services check their model settin
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,9 +109,20 @@ def load_tokenizer(model: str | Path) -> Any:
     path = Path(model).expanduser()
     try:
         if is_gguf(path):
-            return AutoTokenizer.from_pretrained(
-                path.parent, gguf_file=path.name, local_files_only=True
-            )
+            stat = path.stat()
+            converted = _gguf_tokenizer(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+            return copy.deepcopy(converted)  # each caller's own, as a fresh load would be
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load the tokenizer from {str(model)!r}: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=1)
+def _gguf_tokenizer(path: str, mtime_ns: int, size: int) -> Any:
+    """The tokenizer converted from a GGUF file's metadata. Converting re-reads the whole file's
+    metadata (seconds for a real vocabulary), and a process that loads a GGUF model asks for its
+    tokenizer more than once: the last file's conversion is kept, until it changes on disk."""
+    from transformers import AutoTokenizer
+
+    file = Path(path)
+    return AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name, local_files_only=True)
