@@ -260,3 +260,49 @@ def test_chunk_longer_than_context_raises() -> None:
         cpp_attention.paged_prefill_attention(
             random_queries(10, 4, 64), cu_query_lens=cu, scale=0.2, **_misuse_args()
         )
+
+
+# Long contexts: a one-token row's keys are cut into splits of about 256 (whole blocks), each a
+# tile of its own, merged after (split decode). Below two splits' worth, one tile.
+SPLIT_CONTEXT_LENS = [511, 512, 513, 1000, 2049]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("window", "soft_cap", "with_sinks"),
+    [(None, None, False), (300, None, False), (None, 30.0, True), (700, 20.0, True)],
+    ids=["plain", "window", "cap-sinks", "window-cap-sinks"],
+)
+def test_split_decode_matches_the_reference(
+    window: int | None, soft_cap: float | None, with_sinks: bool, dtype: torch.dtype
+) -> None:
+    batch = make_paged_batch(SPLIT_CONTEXT_LENS, 3, 64, dtype=dtype)
+    query = random_queries(len(SPLIT_CONTEXT_LENS), 9, 64, dtype=dtype)
+    sinks = torch.randn(9, generator=torch.Generator().manual_seed(4)) if with_sinks else None
+    args = (query, 0.125, window, soft_cap, sinks)
+    out = batch.decode(cpp_attention, *args)
+    expected = batch.decode(reference, *args)
+    torch.testing.assert_close(out, expected, **TOLERANCES[dtype])
+    # a one-token prefill chunk is a decode: the same splits, the same bits
+    prefill = batch.prefill(cpp_attention, query, [1] * len(SPLIT_CONTEXT_LENS), *args[1:])
+    torch.testing.assert_close(prefill, out, atol=0, rtol=0)
+
+
+def test_a_sequences_decode_does_not_depend_on_its_batch_or_the_threads() -> None:
+    # Whether and where a row's keys are split depends on its position only: decoded alone or
+    # beside others, on one thread or several, a sequence gets the same bits.
+    lens = [40, 600, 1500, 17, 900]
+    batch = make_paged_batch(lens, 3, 64)
+    query = random_queries(len(lens), 9, 64)
+    serial, parallel = serial_and_parallel(lambda: batch.decode(cpp_attention, query, 0.125))
+    torch.testing.assert_close(parallel, serial, atol=0, rtol=0)
+    for i in range(len(lens)):
+        alone = cpp_attention.paged_decode_attention(
+            query[i : i + 1],
+            batch.key_cache,
+            batch.value_cache,
+            batch.block_tables[i : i + 1],
+            batch.context_lens[i : i + 1],
+            0.125,
+        )
+        torch.testing.assert_close(alone[0], parallel[i], atol=0, rtol=0)

@@ -24,6 +24,15 @@
 // thread taking the next tile when it finishes one, so sequences of very different lengths
 // still balance. Index values (block ids, lengths) are checked before any tile runs.
 //
+// Split decode. A decode batch of few tiles (a lone request has one per kv head) would leave
+// threads idle while one tile walks a long context, so a one-token tile's keys are cut into
+// splits of whole blocks, about kSplitKeys keys each, one tile per split (a function of the
+// token's position only: the output never depends on the batch or the thread count). A split tile keeps its rows' running max, running sum and unnormalized
+// accumulator (a partial) instead of writing the output, and the partials are merged
+// afterwards: max M of the splits' maxes, sum of l_j * exp(m_j - M), output
+// sum of acc_j * exp(m_j - M) over that sum (flash-decoding, vLLM's paged attention v2). Only
+// the first split starts from a head's sink.
+//
 // A sliding window W (window > 0) makes a row at position p see keys p - W + 1 .. p only: a
 // tile starts at the block holding its first row's first key, so the blocks before it are
 // never read (the block table may name any block there), and a row's keys before its window
@@ -71,6 +80,9 @@ constexpr int kMaxTileRows = 64;
 
 // Calls with fewer multiply-adds than this (~0.1 ms of one core) run on the calling thread.
 constexpr int64_t kMinParallelWork = int64_t{1} << 19;
+// Split decode (see the top): a one-token tile's keys are cut into splits of about this many
+// (whole blocks), when there are at least two.
+constexpr int kSplitKeys = 256;
 
 inline float to_float(float x) { return x; }
 
@@ -124,6 +136,18 @@ struct Problem {
   int window;  // > 0: a row at position p sees keys p - window + 1 .. p; 0: all before it
   float soft_cap;  // > 0: scores become soft_cap * tanh(score / soft_cap); 0: no cap
   const float* sinks;  // [num_heads]: each head's value-less logit; nullptr: none
+  // Split decode: [num_partials][group_size][head_dim + 2], a split tile's rows' unnormalized
+  // accumulator, then running max and running sum; nullptr when nothing is split.
+  float* partials = nullptr;
+};
+
+// The splits of one sequence's decode for one kv head: partials first .. first + count - 1.
+struct SplitGroup {
+  int seq;
+  int kv_head;
+  int64_t token;  // its row in query / out
+  int first;
+  int count;
 };
 
 // Rows num_tokens * group_size of one sequence and one kv head: chunk tokens
@@ -138,10 +162,11 @@ struct Tile {
   int num_tokens;
   int first_pos;
   int first_key;
+  int key_end = 0;   // > 0: keys before this position only (a split); 0: through the last row
+  int partial = -1;  // >= 0: a split decode tile writing partial `partial`, not the output
 
-  int64_t cost() const {
-    return static_cast<int64_t>(first_pos + num_tokens - first_key) * num_tokens;
-  }
+  int end() const { return key_end > 0 ? key_end : first_pos + num_tokens; }
+  int64_t cost() const { return static_cast<int64_t>(end() - first_key) * num_tokens; }
 };
 
 // The first key position a row at `pos` sees: 0, or the start of its window.
@@ -498,6 +523,21 @@ template <int kHeadDim, bool kVector>
   accumulate_values<kHeadDim>(acc, rescale, weights, values, value_stride, num_values, head_dim);
 }
 
+// A split decode tile's rows (its one token's group_size query heads): the unnormalized
+// accumulator, running max and running sum into its partial (Problem::partials).
+template <typename scalar_t>
+void write_partial(const Problem<scalar_t>& p, const Tile& tile, const Scratch& s,
+                   int head_dim) {
+  const int64_t stride = head_dim + 2;
+  float* partial = p.partials + static_cast<int64_t>(tile.partial) * p.group_size * stride;
+  for (int g = 0; g < p.group_size; ++g) {
+    std::copy_n(s.acc.data() + static_cast<int64_t>(g) * head_dim, head_dim,
+                partial + g * stride);
+    partial[g * stride + head_dim] = s.row_max[g];
+    partial[g * stride + head_dim + 1] = s.row_sum[g];
+  }
+}
+
 #if defined(__AVX512F__)
 // exp_nonpositive on 16 lanes.
 [[gnu::always_inline]] inline __m512 exp16_nonpositive(__m512 x) {
@@ -630,7 +670,7 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
   const int first_block = tile.first_key / 16;
   const int base = first_block * 16;
   const int head = tile.first_key - base;
-  const int num_keys = tile.first_pos + 1 - base;
+  const int num_keys = tile.end() - base;  // a split: its keys only
   const int num_blocks = (num_keys + 15) / 16;
   // A row's softmax past its head may write zeros up to 16 slots past its padded width.
   const int64_t padded = static_cast<int64_t>(num_blocks) * 16 + 16;
@@ -683,7 +723,10 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
     float* row = scores + g * padded;
     float row_max;
     s.row_sum[g] = softmax_in_place16(row + head, num_keys - head, &row_max);
-    if (p.sinks != nullptr) s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);
+    s.row_max[g] = row_max;
+    if (p.sinks != nullptr && tile.first_key == first_key_of(tile.first_pos, p.window)) {
+      s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);  // not a later split
+    }
     std::fill_n(row, head, 0.0f);
   }
 
@@ -698,6 +741,7 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
     }
   }
 
+  if (tile.partial >= 0) return write_partial(p, tile, s, kHeadDim);
   for (int g = 0; g < group; ++g) {
     const float inv_sum = 1.0f / s.row_sum[g];
     const float* acc = s.acc.data() + static_cast<int64_t>(g) * kHeadDim;
@@ -746,7 +790,8 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
   std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
   std::fill_n(s.row_sum.data(), num_rows, 0.0f);
-  if (p.sinks != nullptr) {
+  // A split after the first starts later than its rows' first key: its sink is the first's.
+  if (p.sinks != nullptr && tile.first_key == first_key_of(tile.first_pos, p.window)) {
     // every row starts from its head's sink: a logit seen, weight exp(0) = 1, no value
     for (int row = 0; row < num_rows; ++row) {
       s.row_max[row] = p.sinks[tile.kv_head * group + row % group];
@@ -755,7 +800,7 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   }
 
   const int32_t* table = p.block_tables + tile.seq * p.table_stride;
-  const int num_keys = tile.first_pos + tile.num_tokens;  // what the tile's last row sees
+  const int num_keys = tile.end();  // what the tile's last row sees (a split: its end)
   const int first_block = tile.first_key / block_size;  // where row 0's keys start
   for (int b = first_block, block_start = first_block * block_size; block_start < num_keys;
        block_start += block_size, ++b) {
@@ -866,6 +911,7 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
     }
   }
 
+  if (tile.partial >= 0) return write_partial(p, tile, s, head_dim);
   for (int i = 0; i < tile.num_tokens; ++i) {
     for (int g = 0; g < group; ++g) {
       const int row = i * group + g;
@@ -991,11 +1037,77 @@ Problem<scalar_t> make_problem(const at::Tensor& query, const at::Tensor& key_ca
   };
 }
 
+// The tiles of one token's rows for one kv head (decode, or a one-token prefill chunk): one
+// tile, or the splits of its keys (see "Split decode"). The cut depends on the token's
+// position, window and block size only, never on the batch or the thread count, so a
+// sequence's output is the same whatever else runs beside it.
+void add_one_token_tiles(std::vector<Tile>& tiles, std::vector<SplitGroup>& splits, int seq,
+                         int kv_head, int64_t token, int pos, int window, int block_size) {
+  const int first_key = first_key_of(pos, window);
+  const int first_block = first_key / block_size;
+  const int num_blocks = pos / block_size + 1 - first_block;
+  const int split_blocks = std::max(1, kSplitKeys / block_size);
+  const int count = num_blocks / split_blocks;
+  if (count < 2) {
+    tiles.push_back(Tile{seq, kv_head, token, 1, pos, first_key});
+    return;
+  }
+  int first_partial = 0;
+  if (!splits.empty()) first_partial = splits.back().first + splits.back().count;
+  splits.push_back(SplitGroup{seq, kv_head, token, first_partial, count});
+  for (int j = 0; j < count; ++j) {
+    // split j: its share of the blocks (the last one's up to the token itself)
+    const int begin = (first_block + num_blocks * j / count) * block_size;
+    const int end = (first_block + num_blocks * (j + 1) / count) * block_size;
+    Tile tile{seq, kv_head, token, 1, pos, j == 0 ? first_key : begin};
+    tile.key_end = std::min(end, pos + 1);
+    tile.partial = first_partial + j;
+    tiles.push_back(tile);
+  }
+}
+
+// The output rows of split decodes: each group's partials merged (see "Split decode").
+template <typename scalar_t>
+void merge_splits(const Problem<scalar_t>& p, const std::vector<SplitGroup>& groups) {
+  const int group = p.group_size;
+  const int head_dim = p.head_dim;
+  const int64_t stride = head_dim + 2;
+  std::vector<float> acc(head_dim);
+  for (const SplitGroup& split : groups) {
+    for (int g = 0; g < group; ++g) {
+      const float* first = p.partials + static_cast<int64_t>(split.first) * group * stride;
+      float max = -std::numeric_limits<float>::infinity();
+      for (int j = 0; j < split.count; ++j) {
+        max = std::max(max, first[(j * group + g) * stride + head_dim]);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float sum = 0.0f;
+      for (int j = 0; j < split.count; ++j) {
+        const float* part = first + (j * group + g) * stride;
+        const float weight = std::exp(part[head_dim] - max);
+        sum += part[head_dim + 1] * weight;
+        for (int d = 0; d < head_dim; ++d) acc[d] += part[d] * weight;
+      }
+      scalar_t* out =
+          p.out + (split.token * p.num_heads + split.kv_head * group + g) *
+                      static_cast<int64_t>(head_dim);
+      const float inv_sum = 1.0f / sum;
+      for (int d = 0; d < head_dim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+    }
+  }
+}
+
 at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
                const at::Tensor& value_cache, const at::Tensor& block_tables,
                std::vector<Tile>& tiles, double scale, int window, double soft_cap,
-               const std::optional<at::Tensor>& sink_tensor) {
+               const std::optional<at::Tensor>& sink_tensor,
+               const std::vector<SplitGroup>& splits = {}) {
   at::Tensor out = at::empty(query.sizes(), query.options());
+  int num_partials = 0;
+  for (const SplitGroup& split : splits) num_partials += split.count;
+  // [num_partials][group_size][head_dim + 2] (Problem::partials)
+  std::vector<float> partials(static_cast<size_t>(num_partials) *
+                              (query.size(1) / key_cache.size(2)) * (query.size(2) + 2));
   if (sink_tensor) {
     TORCH_CHECK_VALUE(sink_tensor->scalar_type() == at::kFloat && sink_tensor->dim() == 1 &&
                           sink_tensor->size(0) == query.size(1) &&
@@ -1006,19 +1118,23 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& a, const Tile& b) { return a.cost() > b.cost(); });
   if (tiles.empty()) return out;
+  const auto solve = [&](auto problem) {
+    problem.partials = partials.empty() ? nullptr : partials.data();
+    run_for_shape(problem, tiles);
+    merge_splits(problem, splits);
+  };
   switch (query.scalar_type()) {
     case at::kFloat:
-      run_for_shape(make_problem<float>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap, sinks),
-                    tiles);
+      solve(make_problem<float>(query, key_cache, value_cache, block_tables, out, scale, window,
+                                soft_cap, sinks));
       break;
     case at::kBFloat16:
-      run_for_shape(
-          make_problem<c10::BFloat16>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap, sinks),
-          tiles);
+      solve(make_problem<c10::BFloat16>(query, key_cache, value_cache, block_tables, out, scale,
+                                        window, soft_cap, sinks));
       break;
     case at::kHalf:
-      run_for_shape(
-          make_problem<c10::Half>(query, key_cache, value_cache, block_tables, out, scale, window, soft_cap, sinks), tiles);
+      solve(make_problem<c10::Half>(query, key_cache, value_cache, block_tables, out, scale,
+                                    window, soft_cap, sinks));
       break;
     default:
       TORCH_CHECK_VALUE(false, "the C++ kernels take float32, bfloat16 or float16, got ",
@@ -1057,16 +1173,18 @@ at::Tensor paged_decode_attention(const at::Tensor& query, const at::Tensor& key
   check_block_ids(block_tables, key_cache.size(0));
   const int32_t* len = lens.data_ptr<int32_t>();
   const int num_kv_heads = static_cast<int>(key_cache.size(2));
+  const int block_size = static_cast<int>(key_cache.size(1));
   std::vector<Tile> tiles;
+  std::vector<SplitGroup> splits;
   tiles.reserve(query.size(0) * num_kv_heads);
   for (int seq = 0; seq < query.size(0); ++seq) {
     check_context_len(len[seq], 1, "1", block_tables.size(1), key_cache.size(1));
     for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
-      tiles.push_back(
-          Tile{seq, kv_head, seq, 1, len[seq] - 1, first_key_of(len[seq] - 1, window)});
+      add_one_token_tiles(tiles, splits, seq, kv_head, seq, len[seq] - 1, window, block_size);
     }
   }
-  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap, sinks);
+  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap, sinks,
+             splits);
 }
 
 // query: [num_tokens, num_heads, head_dim], the chunks of all sequences back to back;
@@ -1096,7 +1214,9 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
   const int num_kv_heads = static_cast<int>(key_cache.size(2));
   const int group = static_cast<int>(query.size(1) / key_cache.size(2));
   const int tokens_per_tile = std::max(1, kMaxTileRows / group);
+  const int block_size = static_cast<int>(key_cache.size(1));
   std::vector<Tile> tiles;
+  std::vector<SplitGroup> splits;
   for (int seq = 0; seq < num_seqs; ++seq) {
     const int query_len = bounds[seq + 1] - bounds[seq];
     TORCH_CHECK_VALUE(query_len >= 0, "cu_query_lens must be non-decreasing");
@@ -1106,12 +1226,18 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
     for (int start = 0; start < query_len; start += tokens_per_tile) {
       const int num_tokens = std::min(tokens_per_tile, query_len - start);
       for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+        if (query_len == 1) {  // a decode in all but name: the same tiles, the same result
+          add_one_token_tiles(tiles, splits, seq, kv_head, bounds[seq], prefix_len, window,
+                              block_size);
+          continue;
+        }
         tiles.push_back(Tile{seq, kv_head, bounds[seq] + start, num_tokens, prefix_len + start,
                              first_key_of(prefix_len + start, window)});
       }
     }
   }
-  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap, sinks);
+  return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap, sinks,
+             splits);
 }
 
 TORCH_LIBRARY(quire_cpu, m) {
