@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quire.model.architectures import SUPPORTED_ARCHITECTURES, unsupported_message
-from quire.model.gguf_checkpoint import gguf_problem, is_gguf
+from quire.model.gguf_checkpoint import file_version, gguf_problem, is_gguf
 from quire.model.quantization_methods import quantization_problem
 
 if TYPE_CHECKING:
@@ -109,9 +109,7 @@ def load_tokenizer(model: str | Path) -> Any:
     path = Path(model).expanduser()
     try:
         if is_gguf(path):
-            stat = path.stat()
-            converted = _gguf_tokenizer(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
-            return copy.deepcopy(converted)  # each caller's own, as a fresh load would be
+            return copy.deepcopy(_gguf_tokenizer(*file_version(path)))
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
         raise ValueError(f"cannot load the tokenizer from {str(model)!r}: {exc}") from exc
@@ -121,7 +119,8 @@ def load_tokenizer(model: str | Path) -> Any:
 def _gguf_tokenizer(path: str, mtime_ns: int, size: int) -> Any:
     """The tokenizer converted from a GGUF file's metadata. Converting re-reads the whole file's
     metadata (seconds for a real vocabulary), and a process that loads a GGUF model asks for its
-    tokenizer more than once: the last file's conversion is kept, until it changes on disk."""
+    tokenizer more than once: the last file's conversion is kept (`file_version`), and each
+    caller gets its own copy, as a fresh load would give it."""
     from transformers import AutoTokenizer
 
     file = Path(path)

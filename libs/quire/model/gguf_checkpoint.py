@@ -181,8 +181,14 @@ def read_gguf(path: Path) -> Any:
     """A GGUFReader of `path`. Parsing the metadata (a tokenizer's vocabulary and merges are
     hundreds of thousands of fields) takes seconds, and a load checks, configures and reads
     the same file: the last file read is kept, until it changes on disk."""
+    return _read_gguf(*file_version(path))
+
+
+def file_version(path: Path) -> tuple[str, int, int]:
+    """(resolved path, mtime in ns, size): the key a per-process cache of what a file holds is
+    kept under, so that a file changed on disk is read again."""
     stat = Path(path).stat()
-    return _read_gguf(str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size)
+    return str(Path(path).resolve()), stat.st_mtime_ns, stat.st_size
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,9 +27,9 @@
 // Split decode. A decode batch of few tiles (a lone request has one per kv head) would leave
 // threads idle while one tile walks a long context, so a one-token tile's keys are cut into
 // splits of whole blocks, about kSplitKeys keys each, one tile per split (a function of the
-// token's position only: the output never depends on the batch or the thread count). A split tile keeps its rows' running max, running sum and unnormalized
-// accumulator (a partial) instead of writing the output, and the partials are merged
-// afterwards: max M of the splits' maxes, sum of l_j * exp(m_j - M), output
+// token's position only: the output never depends on the batch or the thread count). A split
+// tile keeps its rows' running max, running sum and unnormalized accumulator (a partial)
+// instead of writing the output, and the partials are merged afterwards: max M of the splits' maxes, sum of l_j * exp(m_j - M), output
 // sum of acc_j * exp(m_j - M) over that sum (flash-decoding, vLLM's paged attention v2). Only
 // the first split starts from a head's sink.
 //
@@ -143,12 +143,14 @@ struct Problem {
 
 // The splits of one sequence's decode for one kv head: partials first .. first + count - 1.
 struct SplitGroup {
-  int seq;
   int kv_head;
   int64_t token;  // its row in query / out
   int first;
   int count;
 };
+
+// The first key position a row at `pos` sees: 0, or the start of its window.
+inline int first_key_of(int pos, int window) { return window > 0 ? std::max(0, pos - window + 1) : 0; }
 
 // Rows num_tokens * group_size of one sequence and one kv head: chunk tokens
 // first_token .. first_token + num_tokens - 1 (rows into query/out), the first of them at
@@ -166,11 +168,11 @@ struct Tile {
   int partial = -1;  // >= 0: a split decode tile writing partial `partial`, not the output
 
   int end() const { return key_end > 0 ? key_end : first_pos + num_tokens; }
+  // Whether its rows start from their heads' sinks: it reads from row 0's first key (a split
+  // after the first starts later; the first split's sink stands for them all).
+  bool takes_sinks(int window) const { return first_key == first_key_of(first_pos, window); }
   int64_t cost() const { return static_cast<int64_t>(end() - first_key) * num_tokens; }
 };
-
-// The first key position a row at `pos` sees: 0, or the start of its window.
-inline int first_key_of(int pos, int window) { return window > 0 ? std::max(0, pos - window + 1) : 0; }
 
 // scores[row * stride + t] = cap * tanh(scores[row * stride + t] / cap), t < num_keys.
 inline void soft_cap_scores(float* scores, int num_rows, int64_t stride, int num_keys,
@@ -724,8 +726,8 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
     float row_max;
     s.row_sum[g] = softmax_in_place16(row + head, num_keys - head, &row_max);
     s.row_max[g] = row_max;
-    if (p.sinks != nullptr && tile.first_key == first_key_of(tile.first_pos, p.window)) {
-      s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);  // not a later split
+    if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
+      s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);
     }
     std::fill_n(row, head, 0.0f);
   }
@@ -790,8 +792,7 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
   std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
   std::fill_n(s.row_sum.data(), num_rows, 0.0f);
-  // A split after the first starts later than its rows' first key: its sink is the first's.
-  if (p.sinks != nullptr && tile.first_key == first_key_of(tile.first_pos, p.window)) {
+  if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
     // every row starts from its head's sink: a logit seen, weight exp(0) = 1, no value
     for (int row = 0; row < num_rows; ++row) {
       s.row_max[row] = p.sinks[tile.kv_head * group + row % group];
@@ -1054,7 +1055,7 @@ void add_one_token_tiles(std::vector<Tile>& tiles, std::vector<SplitGroup>& spli
   }
   int first_partial = 0;
   if (!splits.empty()) first_partial = splits.back().first + splits.back().count;
-  splits.push_back(SplitGroup{seq, kv_head, token, first_partial, count});
+  splits.push_back(SplitGroup{kv_head, token, first_partial, count});
   for (int j = 0; j < count; ++j) {
     // split j: its share of the blocks (the last one's up to the token itself)
     const int begin = (first_block + num_blocks * j / count) * block_size;
