@@ -9,22 +9,23 @@ import torch
 
 from quire.kernels import cpp_build
 
-# The /proc/cpuinfo flag Quire's packed linear needs per dtype (linear_cpu.cpp's supported()).
-PACKED_LINEAR_FLAGS = {torch.float32: "avx512f", torch.bfloat16: "avx512_bf16"}
-
 
 def can_run_packed_linear(dtype: torch.dtype) -> bool:
-    """Whether this CPU has the instructions of the packed linear in `dtype`."""
-    flag = PACKED_LINEAR_FLAGS.get(dtype)
-    return flag is not None and flag in cpp_build.cpu_flags()
+    """Whether this CPU runs the packed linear in `dtype` (linear_cpu.cpp's supported()): the
+    library loaded is the newest x86-64 level the CPU runs; its AVX-512 build multiplies float32,
+    and bfloat16 with AVX512_BF16; its AVX2 build (a CPU without AVX-512) both."""
+    flags = cpp_build.cpu_flags()
+    if "avx512f" in flags:
+        return dtype == torch.float32 or (dtype == torch.bfloat16 and "avx512_bf16" in flags)
+    return dtype in (torch.float32, torch.bfloat16) and {"avx2", "fma"} <= flags
 
 
 def needs_packed_linear(dtype: torch.dtype) -> pytest.MarkDecorator:
     """Skip where this CPU cannot run the packed linear in `dtype`."""
-    flag = PACKED_LINEAR_FLAGS.get(dtype, "none")
     return pytest.mark.skipif(
         not can_run_packed_linear(dtype),
-        reason=f"needs AVX-512 ({flag}): Quire's packed {dtype} linear",
+        reason=f"needs AVX2 and FMA, or for bfloat16 with AVX-512 AVX512_BF16: Quire's packed "
+        f"{dtype} linear",
     )
 
 

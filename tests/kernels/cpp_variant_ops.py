@@ -379,7 +379,7 @@ def main(out_path: str) -> None:
     assert variant is not None, "a loaded library has a variant"
     outputs = {}
     for case in op_cases():
-        # packed linears exist only in builds with AVX-512 (packed_linear_supported says)
+        # packed linears: float32 and bfloat16 with AVX2, AVX-512 (packed_linear_supported says)
         if case.op == "packed_linear" and not packed_linear.cpu_supports(case.dtype):
             continue
         # quantized ones in builds with AVX2 or AVX-512 (quantized_linear_supported, per format)

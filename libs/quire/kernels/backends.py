@@ -158,8 +158,8 @@ def expert_mlp(device: torch.device) -> ExpertMlp:
 
 def packed_linear(dtype: torch.dtype) -> PackedLinear | None:
     """The packed linear kernel for CPU tensors of this dtype, None where it does not run: the
-    CPU's backend is not cpp, or this CPU lacks its instructions (float32: AVX-512, bfloat16:
-    AVX512_BF16)."""
+    CPU's backend is not cpp, or this CPU lacks its instructions (AVX2 and FMA; on a CPU with
+    AVX-512, bfloat16 needs AVX512_BF16)."""
     if kernel_backend(_CPU) != "cpp" or not cpp_packed_linear.cpu_supports(dtype):
         return None
     return cpp_packed_linear

@@ -1,5 +1,6 @@
 """Packed linears (signatures.PackedLinear) in C++ on the CPU (csrc/linear_cpu.cpp), float32
-(AVX-512 FMAs) or bfloat16 (AVX512_BF16 dot products), and the packing of their weights.
+(AVX-512 or AVX2 FMAs) or bfloat16 (AVX512_BF16 dot products, or on a CPU without AVX-512
+bfloat16 pairs widened to float32 for AVX2 FMAs), and the packing of their weights.
 
 A packed weight is `[ceil(N / 64), K, 64]` (float32) or `[ceil(N / 64), K / 2, 128]`
 (bfloat16, pairs along K interleaved), N padded with zero columns: tiles of 64 output columns,
@@ -21,7 +22,7 @@ TILE_COLS = 64  # output columns per packed tile
 @functools.cache
 def cpu_supports(dtype: torch.dtype) -> bool:
     """Whether the kernel can run in this dtype here: the C++ library is loaded and this CPU has
-    the instructions (AVX-512 for float32, AVX512_BF16 for bfloat16)."""
+    the instructions (AVX2 and FMA; on a CPU with AVX-512, bfloat16 needs AVX512_BF16)."""
     if dtype not in (torch.float32, torch.bfloat16) or not cpp_attention.is_available():
         return False
     return bool(torch.ops.quire_cpu.packed_linear_supported(dtype))

@@ -117,8 +117,8 @@ def linear_backend(
         if kernel_backends.packed_linear(dtype) is None:
             raise ValueError(
                 f"QUIRE_LINEAR_BACKEND=packed needs the C++ kernels (make kernels-cpu) as the "
-                f"CPU's kernel backend and, for {dtype}, a CPU that runs them (float32: AVX-512, "
-                "bfloat16: AVX512_BF16)"
+                f"CPU's kernel backend and, for {dtype}, a CPU that runs them (AVX2 and FMA; on "
+                "a CPU with AVX-512, bfloat16 needs AVX512_BF16)"
             )
         return "packed"
     if backend == "torch":
@@ -190,14 +190,14 @@ def tuned_backend(dtype: torch.dtype, shapes: LayerShapes) -> str:
 def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None = None) -> str:
     """The LM head's backend.
 
-    `auto`: on the CPU the packed kernel where it runs (float32 with AVX-512, bfloat16 with
-    AVX512_BF16), else oneDNN for float32 and bfloat16. The head's weight (vocab x hidden) is
-    the model's largest, and at decode's few sampled rows reading it is most of the cost: on
+    `auto`: on the CPU the packed kernel where it runs (AVX2 and FMA; bfloat16 on a CPU with
+    AVX-512 needs AVX512_BF16), else oneDNN for float32 and bfloat16. The head's weight (vocab x
+    hidden) is the model's largest, and at decode's few sampled rows reading it is most of the cost: on
     an AMD EPYC (Zen 4), 2 threads, the packed head was 1.51x faster than oneDNN's at 1 row
     in bfloat16, 1.22x at 16 and even at 256; 1.68x in float32 at 1 row, even at 64 and 0.95x
     at 256 (`python -m benchmarks.linear_layouts`; decode computes the head for the sampled
     rows only), and oneDNN's 1.0-1.8x faster than the NN GEMM in float32. A widened model keeps its head
-    narrow for the same reason. A 16-bit head with neither (a CPU without AVX-512) is widened:
+    narrow for the same reason. A 16-bit head with neither (no C++ kernels, or no AVX2) is widened:
     torch's own 16-bit GEMM is no narrow path worth keeping there (`Linear`). An explicit
     `torch`, `onednn` or `packed` applies to the head too.
     """
