@@ -259,6 +259,7 @@ class _LayerStep:
                 NORM_EPS,
                 *matmuls,
                 False,
+                LAYER_HIDDEN,  # the intermediate size: gate_up is [2 * hidden, hidden]
                 LAYER_HEADS,
                 LAYER_KV_HEADS,
                 LAYER_HEAD_DIM,

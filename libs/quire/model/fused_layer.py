@@ -7,10 +7,11 @@ per layer and gives the same bits (the same kernels on the same tensors).
 
 A layer qualifies when it is exactly the Llama layer `decoder.DecoderModel.forward` runs
 (`layers.Attention` without q/k norms, over the whole head's rotary, no soft cap or sinks;
-`layers.GatedMLP`) and its four matmuls are each one quantized weight in a format the C++
-kernel multiplies (no bias, no input order), on CPU with float32 activations. A model uses the
-fused calls only when every layer qualifies, and a step only while the kernel backend is the
-C++ one; everything else takes the Python path.
+`layers.GatedMLP`) and its four matmuls are bias-free and each either one quantized weight in a
+format the C++ kernel multiplies (no input order; float32 activations) or a `packed` linear
+(`linear.Linear`, float32 or bfloat16: the weight's dtype is the activations'), all four in one
+activation dtype, on CPU. A model uses the fused calls only when every layer qualifies, and a
+step only while the kernel backend is the C++ one; everything else takes the Python path.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import torch
 from quire.kernels import backends, cpp_quantized, reference_quantized
 from quire.model.attention import AttentionMetadata, KVCache
 from quire.model.layers import Attention, GatedMLP
+from quire.model.linear import Linear
 from quire.model.quantized_linear import AnyLinear, QuantizedLinear, QuantizedTensor
+
+PACKED = -1  # decoder_layer's type id of a matmul given as a packed weight (linear_cpu.cpp)
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,11 @@ class FusedLayer:
 
     input_norm: torch.Tensor
     post_norm: torch.Tensor
-    # qkv, o, gate_up, down: each one's blocks and ggml type id, in decoder_layer's order
+    # qkv, o, gate_up, down: each one's blocks and ggml type id, or packed weight and PACKED,
+    # in decoder_layer's order
     matmuls: tuple[torch.Tensor | int, ...]
     int8_activations: bool
+    intermediate_size: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -64,6 +70,7 @@ class FusedLayer:
             eps,
             *self.matmuls,
             self.int8_activations,
+            self.intermediate_size,
             self.num_heads,
             self.num_kv_heads,
             self.head_dim,
@@ -81,15 +88,38 @@ class FusedLayer:
         )
 
 
-def _one_weight(linear: AnyLinear) -> QuantizedTensor | None:
-    """The single quantized weight of a bias-free linear the C++ kernel multiplies, or None."""
-    if not isinstance(linear, QuantizedLinear) or linear.bias is not None:
+@dataclass(frozen=True)
+class _Matmul:
+    """One of a layer's matmuls as decoder_layer takes it."""
+
+    weight: torch.Tensor  # quantized blocks, or a packed weight
+    type_id: int  # the blocks' ggml type id, or PACKED
+    activations: torch.dtype  # the dtype of x it multiplies
+    int8_activations: bool | None  # a quantized weight's choice; None for a packed one
+
+
+def _one_weight(linear: AnyLinear) -> _Matmul | None:
+    """A bias-free linear as one weight the C++ layer multiplies, or None: a single quantized
+    weight the quantized kernel multiplies, or a packed linear."""
+    if linear.bias is not None:
+        return None
+    if isinstance(linear, Linear):
+        if linear.backend != "packed" or linear.weight.dtype not in (
+            torch.float32,
+            torch.bfloat16,
+        ):
+            return None
+        return _Matmul(linear.weight, PACKED, linear.weight.dtype, None)
+    if not isinstance(linear, QuantizedLinear):
         return None
     if len(linear.parts) != 1 or not isinstance(part := linear.parts[0], QuantizedTensor):
         return None
     if part.input_order is not None or part.dtype != torch.float32:
         return None
-    return part if cpp_quantized.supports(part.quant, torch.float32) else None
+    if not cpp_quantized.supports(part.quant, torch.float32):
+        return None
+    ggml_type = reference_quantized.block_format(part.quant).ggml_type
+    return _Matmul(part.blocks, ggml_type, torch.float32, part.int8_activations)
 
 
 def fuse(layers: list, device: torch.device) -> list[FusedLayer] | None:
@@ -113,19 +143,19 @@ def fuse(layers: list, device: torch.device) -> list[FusedLayer] | None:
         weights = [_one_weight(w) for w in (attention.qkv, attention.o, mlp.gate_up, mlp.down)]
         if any(w is None for w in weights):
             return None
-        qkv, o, gate_up, down = (w for w in weights if w is not None)
-        if len({w.int8_activations for w in (qkv, o, gate_up, down)}) != 1:
+        matmuls = [w for w in weights if w is not None]
+        if len({w.activations for w in matmuls}) != 1:
+            return None
+        int8 = {w.int8_activations for w in matmuls if w.int8_activations is not None}
+        if len(int8) > 1:
             return None
         fused.append(
             FusedLayer(
                 input_norm=layer.input_norm,
                 post_norm=layer.post_norm,
-                matmuls=tuple(
-                    a
-                    for w in (qkv, o, gate_up, down)
-                    for a in (w.blocks, reference_quantized.block_format(w.quant).ggml_type)
-                ),
-                int8_activations=qkv.int8_activations,
+                matmuls=tuple(a for w in matmuls for a in (w.weight, w.type_id)),
+                int8_activations=bool(int8 and int8.pop()),
+                intermediate_size=mlp.down.in_features,
                 num_heads=attention.num_heads,
                 num_kv_heads=attention.num_kv_heads,
                 head_dim=attention.head_dim,

@@ -133,6 +133,8 @@ def test_decode_gathers_are_planned_once_per_step(
         return plan_decode(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(kernels, "plan_decode", counting)
+    # the layer-by-layer path plans; a fused C++ layer reads the block tables itself
+    monkeypatch.setattr(llm.engine.model, "fused_layers", None)
     [out] = llm.generate(
         [{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=6, ignore_eos=True)
     )

@@ -1,7 +1,8 @@
 """Decoder layers as one C++ call each (quire.model.fused_layer): the same tokens and
 logprobs, bit for bit, as the layer-by-layer Python path, on GGUF weights in each 32-weight
-format, with int8 and float32 activations, through whole and chunked prefills, steps that mix
-prefill and decode, and decode; and the models it leaves alone."""
+format, with int8 and float32 activations, and on float32 and bfloat16 weights in packed
+linears, through whole and chunked prefills, steps that mix prefill and decode, and decode; and
+the models it leaves alone."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from quire_tools import gguf_write
 from quire import LLM, SamplingParams
 from quire.model import fused_layer
 from tests.checkpoints import tiny_checkpoint
+from tests.hardware import needs_packed_linear
 
 FORMATS = ("Q4_1", "Q8_0", "Q4_0")
 
@@ -28,16 +30,22 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def generate(path: Path, activations: str, fused: bool, monkeypatch: pytest.MonkeyPatch) -> tuple:
+def generate(
+    path: Path,
+    activations: str,
+    fused: bool,
+    monkeypatch: pytest.MonkeyPatch,
+    dtype: str = "float32",
+) -> tuple:
     """Greedy tokens with their logprobs and the prompts' logprobs, and the fused calls made."""
     llm = LLM(
         model=str(path),
-        dtype="float32",
+        dtype=dtype,
         quantized_activations=activations,
         max_num_batched_tokens=24,  # the 40-token prompt is prefilled in chunks beside decodes
     )
     model: Any = llm.engine.model
-    assert model.fused_layers is not None, "every layer of a Llama GGUF qualifies"
+    assert model.fused_layers is not None, "every layer qualifies"
     if not fused:
         model.fused_layers = None
     calls = []
@@ -84,9 +92,32 @@ def test_fused_layers_give_the_python_path_s_bits(
     assert fused == python
 
 
-def test_models_that_do_not_qualify_keep_the_python_path() -> None:
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        pytest.param(d, marks=needs_packed_linear(getattr(torch, d)))
+        for d in ("float32", "bfloat16")
+    ],
+)
+def test_packed_layers_give_the_python_path_s_bits(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUIRE_LINEAR_BACKEND", "packed")
+    path = tiny_checkpoint()
+    fused, fused_calls = generate(path, "float32", True, monkeypatch, dtype)
+    monkeypatch.setenv("QUIRE_LINEAR_BACKEND", "packed")  # generate undoes the patches
+    python, python_calls = generate(path, "float32", False, monkeypatch, dtype)
+    assert fused_calls > 0 and python_calls == 0
+    assert fused == python
+
+
+@pytest.mark.parametrize("backend", ["torch", "onednn"])
+def test_models_that_do_not_qualify_keep_the_python_path(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("QUIRE_LINEAR_BACKEND", backend)
     float_model: Any = LLM(model=str(tiny_checkpoint()), dtype="float32").engine.model
-    assert float_model.fused_layers is None  # float weights: their linears are not fused
+    assert float_model.fused_layers is None  # float weights off the packed kernel: not fused
 
 
 def test_the_torch_backend_takes_the_python_path(monkeypatch: pytest.MonkeyPatch) -> None:

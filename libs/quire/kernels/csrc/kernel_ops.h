@@ -11,6 +11,8 @@
 // quantized_linear_cpu.cpp
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64_t type,
                             bool int8_activations);
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
+                         const std::optional<at::Tensor>& bias, int64_t out_features);
 
 // fused_ops_cpu.cpp
 void add_rms_norm_(at::Tensor x, at::Tensor residual, const at::Tensor& weight, double eps);
