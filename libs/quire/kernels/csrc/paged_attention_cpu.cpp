@@ -42,6 +42,11 @@
 // (running max sinks[h], running sum 1) instead of from nothing.
 
 #include <ATen/Parallel.h>
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// The AVX2 two-pass decode tile (decode_tile16_avx2), in an x86-64-v3 build.
+#define QUIRE_ATTENTION_AVX2 1
+#include <immintrin.h>
+#endif
 #if defined(__AVX512F__)
 #include <immintrin.h>
 // GCC 12's AVX-512 headers pass an undefined vector as the unused merge operand of the
@@ -540,6 +545,12 @@ void write_partial(const Problem<scalar_t>& p, const Tile& tile, const Scratch& 
   }
 }
 
+// How many blocks ahead a two-pass decode tile prefetches. The rows go to L2, not L1: a tile
+// reads the blocks it is told in no order a hardware prefetcher can follow, and L1 can track
+// too few misses at once to hide memory latency (`make bench-kernels` reads the caches from
+// memory; on an AMD EPYC prefetching into L1 was the slower of the two there).
+constexpr int kPrefetchBlocks = 2;
+
 #if defined(__AVX512F__)
 // exp_nonpositive on 16 lanes.
 [[gnu::always_inline]] inline __m512 exp16_nonpositive(__m512 x) {
@@ -649,12 +660,6 @@ void accumulate_context16_rows(int num_rows, const Problem<scalar_t>& p, const i
   }
 }
 
-// How many blocks ahead decode_tile16_avx512 prefetches. The rows go to L2, not L1: a tile
-// reads the blocks it is told in no order a hardware prefetcher can follow, and L1 can track
-// too few misses at once to hide memory latency (`make bench-kernels` reads the caches from
-// memory; on an AMD EPYC prefetching into L1 was the slower of the two there).
-constexpr int kPrefetchBlocks = 2;
-
 // A one-token tile (decode) with 16-slot blocks, in AVX-512 and two passes over the context
 // instead of attend_tile's online softmax: (1) every row's scores against every key, block by
 // block, into one [rows, context] buffer; (2) one softmax per row over the whole context;
@@ -754,6 +759,234 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
 }
 #endif
 
+#if defined(QUIRE_ATTENTION_AVX2)
+// decode_tile16_avx512's two passes in AVX2 (8 lanes, 16 registers), for a build without
+// AVX-512: the same reads, the same exp polynomial, float32 sums in another order.
+
+// 8 consecutive cache values widened to float32.
+[[gnu::always_inline]] inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+[[gnu::always_inline]] inline __m256 load8(const c10::BFloat16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+[[gnu::always_inline]] inline __m256 load8(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Lane t of the result = the sum of v[t]'s 8 lanes: eight horizontal sums at once.
+[[gnu::always_inline]] inline __m256 sum_lanes8(const __m256 (&v)[8]) {
+  // per 128-bit half: [sum of v0's four lanes there, v1's, v2's, v3's], likewise v4 .. v7
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                       _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// exp_nonpositive on 8 lanes.
+[[gnu::always_inline]] inline __m256 exp8_nonpositive(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 poly = _mm256_set1_ps(1.9875691500e-4f);
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.3981999507e-3f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(8.3334519073e-3f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(4.1665795894e-2f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.6666665459e-1f));
+  poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(5.0000001201e-1f));
+  poly = _mm256_fmadd_ps(_mm256_mul_ps(poly, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(poly, _mm256_castsi256_ps(bits));
+}
+
+// Lanes of chunk c (8 scores from 8c) below num_keys, as an all-ones float mask.
+[[gnu::always_inline]] inline __m256 valid_lanes8(int c, int num_keys) {
+  const __m256 lane = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
+  return _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(num_keys - 8 * c)), _CMP_LT_OQ);
+}
+
+// softmax_in_place16 in AVX2: scores[0 .. num_keys) into exp(score - max) in place, their sum
+// returned and the max in *max_out; the padding up to the next multiple of 8 gets 0.
+inline float softmax_in_place8(float* scores, int num_keys, float* max_out) {
+  const int num_chunks = (num_keys + 7) / 8;
+  const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 max_v = neg_inf;
+  for (int c = 0; c < num_chunks; ++c) {
+    const __m256 v = _mm256_loadu_ps(scores + 8 * c);
+    max_v = _mm256_max_ps(max_v, _mm256_blendv_ps(neg_inf, v, valid_lanes8(c, num_keys)));
+  }
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(max_v), _mm256_extractf128_ps(max_v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  *max_out = _mm_cvtss_f32(m);
+  const __m256 max_all = _mm256_set1_ps(*max_out);
+  __m256 sum_v = _mm256_setzero_ps();
+  for (int c = 0; c < num_chunks; ++c) {
+    const __m256 w = _mm256_and_ps(
+        valid_lanes8(c, num_keys),
+        exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(scores + 8 * c), max_all)));
+    _mm256_storeu_ps(scores + 8 * c, w);
+    sum_v = _mm256_add_ps(sum_v, w);
+  }
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(sum_v), _mm256_extractf128_ps(sum_v, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
+// Scores of num_rows query rows against a 16-slot block's keys, 8 keys at a time: per row, key
+// t's dot product in its own 8 lanes, sum_lanes8 reducing eight at once. Slots past num_keys
+// re-read the last valid key (never an unwritten slot); softmax_in_place8 masks their scores.
+template <typename scalar_t, int kHeadDim>
+void score_block16_avx2(const float* q, int num_rows, const scalar_t* keys, int64_t key_stride,
+                        int num_keys, float* scores, int64_t score_stride) {
+  constexpr int kChunks = kHeadDim / 8;
+  for (int half = 0; half * 8 < num_keys; ++half) {
+    const scalar_t* key_rows[8];
+    for (int t = 0; t < 8; ++t) {
+      key_rows[t] = keys + std::min(8 * half + t, num_keys - 1) * key_stride;
+    }
+    for (int row = 0; row < num_rows; ++row) {
+      const float* q_row = q + static_cast<int64_t>(row) * kHeadDim;
+      __m256 acc[8];
+      const __m256 q0 = _mm256_loadu_ps(q_row);
+      for (int t = 0; t < 8; ++t) acc[t] = _mm256_mul_ps(q0, load8(key_rows[t]));
+      for (int c = 1; c < kChunks; ++c) {
+        const __m256 qc = _mm256_loadu_ps(q_row + 8 * c);
+        for (int t = 0; t < 8; ++t) {
+          acc[t] = _mm256_fmadd_ps(qc, load8(key_rows[t] + 8 * c), acc[t]);
+        }
+      }
+      _mm256_storeu_ps(scores + row * score_stride + 8 * half, sum_lanes8(acc));
+    }
+  }
+}
+
+// accumulate_context16 in AVX2: kRows rows x kChunks chunks of 8 channels from first_chunk.
+template <typename scalar_t, int kRows, int kChunks>
+[[gnu::always_inline]] inline void accumulate_context8(const Problem<scalar_t>& p,
+                                                       const int32_t* table, int64_t head_offset,
+                                                       int num_keys, const float* weights,
+                                                       int64_t weight_stride, int first_chunk,
+                                                       float* acc_out, int64_t acc_stride) {
+  __m256 acc[kRows][kChunks];
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kChunks; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  for (int block_start = 0, b = 0; block_start < num_keys; block_start += 16, ++b) {
+    const int num_valid = std::min(16, num_keys - block_start);
+    const scalar_t* values =
+        p.value_cache + table[b] * p.cache_block_stride + head_offset + 8 * first_chunk;
+    for (int t = 0; t < num_valid; ++t) {
+      const scalar_t* v = values + t * p.cache_slot_stride;
+      __m256 chunk[kChunks];
+      for (int c = 0; c < kChunks; ++c) chunk[c] = load8(v + 8 * c);
+      for (int r = 0; r < kRows; ++r) {
+        const __m256 w = _mm256_set1_ps(weights[r * weight_stride + block_start + t]);
+        for (int c = 0; c < kChunks; ++c) acc[r][c] = _mm256_fmadd_ps(w, chunk[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kChunks; ++c) {
+      _mm256_storeu_ps(acc_out + r * acc_stride + 8 * (first_chunk + c), acc[r][c]);
+    }
+  }
+}
+
+// decode_tile16_avx512's passes in AVX2: (1) scores into one [rows, context] buffer, (2) one
+// softmax per row, (3) the weighted values, up to four rows and 16 channels at a time.
+template <typename scalar_t, int kHeadDim>
+void decode_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
+  static_assert(kHeadDim % 16 == 0, "head_dim must be a multiple of 16");
+  constexpr int kChunkStep = 2;  // 8-lane chunks per pass of accumulate_context8
+  const int group = p.group_size;
+  const int first_block = tile.first_key / 16;
+  const int base = first_block * 16;
+  const int head = tile.first_key - base;
+  const int num_keys = tile.end() - base;
+  const int num_blocks = (num_keys + 15) / 16;
+  const int64_t padded = static_cast<int64_t>(num_blocks) * 16 + 16;
+  if (s.context_scores.size() < static_cast<size_t>(group * padded)) {
+    s.context_scores.resize(static_cast<size_t>(group * padded));
+  }
+  float* scores = s.context_scores.data();  // [group, padded]
+  for (int g = 0; g < group; ++g) {
+    const scalar_t* q = p.query + tile.first_token * p.query_token_stride +
+                        static_cast<int64_t>(tile.kv_head * group + g) * p.query_head_stride;
+    float* row = s.query.data() + static_cast<int64_t>(g) * kHeadDim;
+    for (int d = 0; d < kHeadDim; ++d) row[d] = p.scale * to_float(q[d]);
+  }
+  const int32_t* table = p.block_tables + tile.seq * p.table_stride + first_block;
+  const int64_t head_offset = tile.kv_head * p.cache_head_stride;
+
+  for (int block_start = 0, b = 0; block_start < num_keys; block_start += 16, ++b) {
+    const scalar_t* keys = p.key_cache + table[b] * p.cache_block_stride + head_offset;
+    if (b + kPrefetchBlocks < num_blocks) {
+      const int first = (b + kPrefetchBlocks) * 16;
+      prefetch_rows<scalar_t, 2>(p.key_cache, p.value_cache,
+                                 table[b + kPrefetchBlocks] * p.cache_block_stride + head_offset,
+                                 p.cache_slot_stride, std::min(16, num_keys - first), kHeadDim);
+    }
+    score_block16_avx2<scalar_t, kHeadDim>(s.query.data(), group, keys, p.cache_slot_stride,
+                                           std::min(16, num_keys - block_start),
+                                           scores + block_start, padded);
+  }
+
+  if (p.soft_cap > 0.0f) soft_cap_scores(scores, group, padded, num_keys, p.soft_cap);
+
+  for (int g = 0; g < group; ++g) {
+    float* row = scores + g * padded;
+    float row_max;
+    s.row_sum[g] = softmax_in_place8(row + head, num_keys - head, &row_max);
+    s.row_max[g] = row_max;
+    if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
+      s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);
+    }
+    std::fill_n(row, head, 0.0f);
+  }
+
+  for (int row = 0; row < group; row += 4) {
+    const int rows = std::min(4, group - row);
+    for (int chunk = 0; chunk < kHeadDim / 8; chunk += kChunkStep) {
+      float* acc = s.acc.data() + static_cast<int64_t>(row) * kHeadDim;
+      const float* w = scores + row * padded;
+      switch (rows) {
+        case 1:
+          accumulate_context8<scalar_t, 1, kChunkStep>(p, table, head_offset, num_keys, w, padded,
+                                                       chunk, acc, kHeadDim);
+          break;
+        case 2:
+          accumulate_context8<scalar_t, 2, kChunkStep>(p, table, head_offset, num_keys, w, padded,
+                                                       chunk, acc, kHeadDim);
+          break;
+        case 3:
+          accumulate_context8<scalar_t, 3, kChunkStep>(p, table, head_offset, num_keys, w, padded,
+                                                       chunk, acc, kHeadDim);
+          break;
+        default:
+          accumulate_context8<scalar_t, 4, kChunkStep>(p, table, head_offset, num_keys, w, padded,
+                                                       chunk, acc, kHeadDim);
+          break;
+      }
+    }
+  }
+
+  if (tile.partial >= 0) return write_partial(p, tile, s, kHeadDim);
+  for (int g = 0; g < group; ++g) {
+    const float inv_sum = 1.0f / s.row_sum[g];
+    const float* acc = s.acc.data() + static_cast<int64_t>(g) * kHeadDim;
+    scalar_t* out = p.out + (tile.first_token * p.num_heads + tile.kv_head * group + g) *
+                                static_cast<int64_t>(kHeadDim);
+    for (int d = 0; d < kHeadDim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+  }
+}
+#endif
+
 // kHeadDim, kBlockSize > 0 fix those sizes at compile time (unrolled inner loops, registers
 // for accumulators); 0 reads them from the problem.
 template <typename scalar_t, int kHeadDim, int kBlockSize>
@@ -771,6 +1004,10 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
 #if defined(__AVX512F__)
   if constexpr (kVector) {
     if (tile.num_tokens == 1) return decode_tile16_avx512<scalar_t, kHeadDim>(p, tile, s);
+  }
+#elif defined(QUIRE_ATTENTION_AVX2)
+  if constexpr (kBlockSize == 16 && kHeadDim > 0 && kHeadDim % 16 == 0) {
+    if (tile.num_tokens == 1) return decode_tile16_avx2<scalar_t, kHeadDim>(p, tile, s);
   }
 #endif
 
