@@ -1,16 +1,19 @@
 """CPU linear layers of the default model's shapes, on each of Quire's linear backends.
 
     python -m benchmarks.linear_layouts [--dtypes float32 bfloat16] [--rows 1 8 64 256]
+        [--backends torch onednn widened packed] [--no-plain]
 
 For each weight shape of SmolLM2-135M (fused qkv, o, fused gate/up, down, the LM head) and
 each batch size M (decode batches are small, prefill chunks large), times `F.linear(x, W)`
 against `quire.model.linear.Linear` on each backend: `torch` (`x @ W_t` on the weight stored
 transposed), `onednn` (the weight reordered once by `torch.ops.mkldnn._reorder_linear_weight`,
-multiplied by `_linear_pointwise`: what vLLM's CPU backend does), `packed` (Quire's AVX-512
-kernel on the weight packed into 64-column tiles, where it runs) and, for 16-bit dtypes,
+multiplied by `_linear_pointwise`: what vLLM's CPU backend does), `packed` (Quire's AVX-512 or
+AVX2 kernel on the weight packed into 64-column tiles, where it runs) and, for 16-bit dtypes,
 `widened` (the weight widened to float32 once, the product in float32, rounded back). Each is
 checked against a float64 product. Prints microseconds per call and each one's speedup over
-F.linear. Run it with OMP_NUM_THREADS=1 for per-core figures.
+F.linear. Run it with OMP_NUM_THREADS=1 for per-core figures. On a CPU without AVX-512 torch's
+own bfloat16 products take seconds a layer at prefill sizes (F.linear and `torch`):
+`--backends widened packed --no-plain` leaves them out.
 """
 
 from __future__ import annotations
@@ -65,12 +68,21 @@ def main(argv: list[str] | None = None) -> None:
         help="distinct weights per decoder shape, cycled through per timed call (the model's "
         "30 layers: weights come from memory as in a forward pass; 1 = cache-hot)",
     )
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=("torch", "onednn", "widened", "packed"),
+        default=["torch", "onednn", "widened", "packed"],
+    )
+    parser.add_argument(
+        "--no-plain", action="store_true", help="leave out F.linear (the speedup columns' base)"
+    )
     args = parser.parse_args(argv)
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.copies} copies, "
         f"load {os.getloadavg()}"
     )
-    backends = ["torch", "onednn", "widened", "packed"]
+    backends = list(args.backends)
     print(
         f"{'dtype':<9}{'shape':<9}{'M':>5}{'F.linear us':>12}"
         + "".join(f"{b + ' us':>12}{'x':>6}" for b in backends)
@@ -92,10 +104,12 @@ def main(argv: list[str] | None = None) -> None:
                 x = torch.randn(m, k, dtype=dtype)
                 ref = F.linear(x.double(), weights[0].double())
                 row = f"{name:<9}{shape:<9}{m:>5}"
-                plain = best_of(
-                    partial(_call_each, [partial(F.linear, weight=w) for w in weights], x)
-                )
-                plain /= copies
+                plain = float("nan")
+                if not args.no_plain:
+                    plain = best_of(
+                        partial(_call_each, [partial(F.linear, weight=w) for w in weights], x)
+                    )
+                    plain /= copies
                 row += f"{plain * 1e6:>12.0f}"
                 for b in backends:
                     if b not in layers:
