@@ -45,6 +45,7 @@ from quire.block.window import TableLayout
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats
+from quire.model import linear
 from services.executor.remote_allocator import RemoteBlockAllocator
 
 DEFAULT_MODEL = "models/smollm2-135m-instruct"
@@ -237,6 +238,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "num_requests": args.num_requests,
         "max_output_len": args.max_output_len,
         "max_prompt_len": args.max_prompt_len,
+        # which linear kernels ran (`auto` is measured at load) and whether each layer was
+        # one C++ call: a run's step time depends on both
+        "linear_backend": getattr(engine.model, "linear_backend", None),
+        "fused_layers": getattr(engine.model, "fused_layers", None) is not None,
+        # `auto`'s measurement at load: backend -> mean slowdown against the fastest
+        "linear_tuning": {str(k[0]): v for k, v in linear.TUNINGS.items()},
     }
     try:
         if args.torch_profile:
@@ -263,6 +270,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def print_report(result: dict[str, Any]) -> None:
     r = result["run"]
+    print(
+        f"linear backend {result['linear_backend']}, "
+        f"{'one C++ call a layer' if result['fused_layers'] else 'layer by layer'}, "
+        f"tuning {result['linear_tuning']}"
+    )
     print(
         f"{result['dtype']}: {r['output_tok_s']:.1f} output tok/s, {r['num_steps']} steps, "
         f"{r['wall_s']:.1f} s"

@@ -55,9 +55,11 @@ BACKENDS = ("auto", "onednn", "packed", "torch", "widened")
 MIN_WIDENED_ROWS = 32  # fewer rows than this: a widened layer multiplies its narrow weight
 # Without oneDNN's 16-bit linear, fewer rows than this take F.linear on the narrow weight.
 MIN_GEMV_ROWS = 2
-# `tuned_backend`: batch sizes timed (small and large decode batches and a prefill-sized one;
-# below MIN_WIDENED_ROWS a widened layer is timed on its narrow weight, as it runs) and repeats.
-TUNE_ROWS = (4, 32, 128)
+# `tuned_backend`: batch sizes timed (a lone decoding sequence, small and large decode batches
+# and a prefill-sized one; below MIN_WIDENED_ROWS a widened layer is timed on its narrow weight,
+# as it runs) and repeats. The lone row counts: on a 2-core machine a backend's lead at one row
+# is most of what sets interactive latency.
+TUNE_ROWS = (1, 4, 32, 128)
 TUNE_REPEATS = 5
 TUNE_HOPELESS = 4.0  # slower than this multiple of the fastest everywhere: timed only once
 # (out_features, in_features) of one decoder layer's linears, e.g. qkv, o, gate_up, down.
