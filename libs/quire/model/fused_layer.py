@@ -103,11 +103,8 @@ def _one_weight(linear: AnyLinear) -> _Matmul | None:
     weight the quantized kernel multiplies, or a packed linear."""
     if linear.bias is not None:
         return None
-    if isinstance(linear, Linear):
-        if linear.backend != "packed" or linear.weight.dtype not in (
-            torch.float32,
-            torch.bfloat16,
-        ):
+    if isinstance(linear, Linear):  # packed weights are float32 or bfloat16 (pack_weight)
+        if linear.backend != "packed":
             return None
         return _Matmul(linear.weight, PACKED, linear.weight.dtype, None)
     if not isinstance(linear, QuantizedLinear):
@@ -154,7 +151,7 @@ def fuse(layers: list, device: torch.device) -> list[FusedLayer] | None:
                 input_norm=layer.input_norm,
                 post_norm=layer.post_norm,
                 matmuls=tuple(a for w in matmuls for a in (w.weight, w.type_id)),
-                int8_activations=bool(int8 and int8.pop()),
+                int8_activations=True in int8,
                 intermediate_size=mlp.down.in_features,
                 num_heads=attention.num_heads,
                 num_kv_heads=attention.num_kv_heads,

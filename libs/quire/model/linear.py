@@ -194,8 +194,8 @@ def head_backend(dtype: torch.dtype, device: torch.device, backend: str | None =
 
     `auto`: on the CPU the packed kernel where it runs (AVX2 and FMA; bfloat16 on a CPU with
     AVX-512 needs AVX512_BF16), else oneDNN for float32 and bfloat16. The head's weight (vocab x
-    hidden) is the model's largest, and at decode's few sampled rows reading it is most of the cost: on
-    an AMD EPYC (Zen 4), 2 threads, the packed head was 1.51x faster than oneDNN's at 1 row
+    hidden) is the model's largest, and at decode's few sampled rows reading it is most of the
+    cost: on an AMD EPYC (Zen 4), 2 threads, the packed head was 1.51x faster than oneDNN's at 1 row
     in bfloat16, 1.22x at 16 and even at 256; 1.68x in float32 at 1 row, even at 64 and 0.95x
     at 256 (`python -m benchmarks.linear_layouts`; decode computes the head for the sampled
     rows only), and oneDNN's 1.0-1.8x faster than the NN GEMM in float32. A widened model keeps its head

@@ -545,6 +545,41 @@ void write_partial(const Problem<scalar_t>& p, const Tile& tile, const Scratch& 
   }
 }
 
+// A two-pass decode tile's second pass (decode_tile16_avx512, decode_tile16_avx2), given the
+// build's softmax over one row's scores: each row's weights, unnormalized, with its max and sum
+// kept for the end (the sum with its head's sink, exp(sink - max): +inf past float's range,
+// which weighs the keys 0 as it should); keys before the window weigh 0.
+template <typename scalar_t, typename Softmax>
+void softmax_context_rows(const Problem<scalar_t>& p, const Tile& tile, Scratch& s,
+                          float* scores, int64_t padded, int head, int num_keys,
+                          Softmax&& softmax) {
+  for (int g = 0; g < p.group_size; ++g) {
+    float* row = scores + g * padded;
+    float row_max;
+    s.row_sum[g] = softmax(row + head, num_keys - head, &row_max);
+    s.row_max[g] = row_max;
+    if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
+      s.row_sum[g] += std::exp(p.sinks[tile.kv_head * p.group_size + g] - row_max);
+    }
+    std::fill_n(row, head, 0.0f);
+  }
+}
+
+// A one-token tile's end: its partial (a split), or each row's accumulator over its sum into
+// the output.
+template <typename scalar_t>
+void finish_decode_rows(const Problem<scalar_t>& p, const Tile& tile, const Scratch& s,
+                        int head_dim) {
+  if (tile.partial >= 0) return write_partial(p, tile, s, head_dim);
+  for (int g = 0; g < p.group_size; ++g) {
+    const float inv_sum = 1.0f / s.row_sum[g];
+    const float* acc = s.acc.data() + static_cast<int64_t>(g) * head_dim;
+    scalar_t* out = p.out + (tile.first_token * p.num_heads + tile.kv_head * p.group_size + g) *
+                                static_cast<int64_t>(head_dim);
+    for (int d = 0; d < head_dim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+  }
+}
+
 // How many blocks ahead a two-pass decode tile prefetches. The rows go to L2, not L1: a tile
 // reads the blocks it is told in no order a hardware prefetcher can follow, and L1 can track
 // too few misses at once to hide memory latency (`make bench-kernels` reads the caches from
@@ -723,19 +758,8 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
 
   if (p.soft_cap > 0.0f) soft_cap_scores(scores, group, padded, num_keys, p.soft_cap);
 
-  // 2. softmax weights, unnormalized; each row's sum kept for the end (with its head's sink,
-  // exp(sink - max): +inf past float's range, which weighs the keys 0 as it should); keys
-  // before the window weigh 0
-  for (int g = 0; g < group; ++g) {
-    float* row = scores + g * padded;
-    float row_max;
-    s.row_sum[g] = softmax_in_place16(row + head, num_keys - head, &row_max);
-    s.row_max[g] = row_max;
-    if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
-      s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);
-    }
-    std::fill_n(row, head, 0.0f);
-  }
+  // 2. softmax weights (softmax_context_rows)
+  softmax_context_rows(p, tile, s, scores, padded, head, num_keys, softmax_in_place16);
 
   // 3. weighted values, four rows and four chunks (64 channels) at a time
   constexpr int kChunkStep = kChunks < 4 ? kChunks : 4;
@@ -748,14 +772,7 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
     }
   }
 
-  if (tile.partial >= 0) return write_partial(p, tile, s, kHeadDim);
-  for (int g = 0; g < group; ++g) {
-    const float inv_sum = 1.0f / s.row_sum[g];
-    const float* acc = s.acc.data() + static_cast<int64_t>(g) * kHeadDim;
-    scalar_t* out = p.out + (tile.first_token * p.num_heads + tile.kv_head * group + g) *
-                                static_cast<int64_t>(kHeadDim);
-    for (int d = 0; d < kHeadDim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
-  }
+  finish_decode_rows(p, tile, s, kHeadDim);
 }
 #endif
 
@@ -939,16 +956,7 @@ void decode_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& s
 
   if (p.soft_cap > 0.0f) soft_cap_scores(scores, group, padded, num_keys, p.soft_cap);
 
-  for (int g = 0; g < group; ++g) {
-    float* row = scores + g * padded;
-    float row_max;
-    s.row_sum[g] = softmax_in_place8(row + head, num_keys - head, &row_max);
-    s.row_max[g] = row_max;
-    if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
-      s.row_sum[g] += std::exp(p.sinks[tile.kv_head * group + g] - row_max);
-    }
-    std::fill_n(row, head, 0.0f);
-  }
+  softmax_context_rows(p, tile, s, scores, padded, head, num_keys, softmax_in_place8);
 
   for (int row = 0; row < group; row += 4) {
     const int rows = std::min(4, group - row);
@@ -976,14 +984,7 @@ void decode_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& s
     }
   }
 
-  if (tile.partial >= 0) return write_partial(p, tile, s, kHeadDim);
-  for (int g = 0; g < group; ++g) {
-    const float inv_sum = 1.0f / s.row_sum[g];
-    const float* acc = s.acc.data() + static_cast<int64_t>(g) * kHeadDim;
-    scalar_t* out = p.out + (tile.first_token * p.num_heads + tile.kv_head * group + g) *
-                                static_cast<int64_t>(kHeadDim);
-    for (int d = 0; d < kHeadDim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
-  }
+  finish_decode_rows(p, tile, s, kHeadDim);
 }
 #endif
 
