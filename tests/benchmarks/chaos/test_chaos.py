@@ -22,7 +22,7 @@ from benchmarks.chaos.pressure import overload, soak
 from benchmarks.chaos.stack import REPO, Plan, make_config, on_stack, start_process, with_stack
 from services.stack.runner import Stack
 
-# Small counts: the whole module stays within ~90 s on two cores.
+# Small counts: the whole module stays within ~110 s on two cores.
 PLAN = Plan(
     concurrency=3,
     before_s=0.8,
@@ -46,14 +46,34 @@ def assert_clean(result: dict[str, Any]) -> None:
     assert result["completed"] > 0, shown(result)
 
 
-def run_fault(name: str, tmp_path: Path) -> dict[str, Any]:
-    return asyncio.run(with_stack(make_config(), tmp_path, lambda s: FAULTS[name](s, PLAN)))
-
-
 @pytest.fixture(scope="module")
 def whole_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One stack for the faults that leave it whole (each starts again what it killed)."""
     stack = Stack(make_config(), tmp_path_factory.mktemp("chaos"), cwd=REPO)
+    stack.start(120.0)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+# The pull faults' stack: pulls taken whatever the tiny model's costs (the chaos CLI does the
+# same), the router's stall bound cut to 1.5 s and a pull's deadline to 1 s (the stall bound must
+# exceed it: a pull holds a step), and an executor given up routable again 1 s after it answers.
+PULL_FAULT_ENV = {
+    "QUIRE_PULL_POLICY": "always",
+    "QUIRE_EXECUTOR_STALL_S": "1.5",
+    "QUIRE_PULL_TIMEOUT_S": "1.0",
+    "QUIRE_EXECUTOR_DOWN_S": "1.0",
+}
+
+
+@pytest.fixture(scope="module")
+def pull_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """One stack for the faults that freeze an executor and let it go on (each leaves it whole)."""
+    stack = Stack(make_config(), tmp_path_factory.mktemp("pulls"), cwd=REPO)
+    for name, spec in stack.specs.items():
+        stack.specs[name] = dataclasses.replace(spec, env={**spec.env, **PULL_FAULT_ENV})
     stack.start(120.0)
     try:
         yield stack
@@ -95,20 +115,6 @@ def test_rolling_update_loses_nothing(whole_stack: Stack) -> None:
     asyncio.run(start_process(whole_stack, "executor-1", 90.0))
 
 
-def test_a_frozen_pull_source_means_the_follow_up_computes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Pulls taken whatever the tiny model's costs (the chaos CLI does the same).
-    monkeypatch.setenv("QUIRE_PULL_POLICY", "always")
-    result = run_fault("stop_pull_source", tmp_path)
-    assert_clean(result)
-    # It tried the frozen source and gave up; a load request that wanted the same source
-    # while it was frozen (or left alone after its timeout) computed too. That a timed-out
-    # source is tried once and then left alone is tests/services/executor/test_block_transfer.py's.
-    assert result["pull_fallbacks"] >= 1
-    assert result["follow_up_completed"] == 1 and result["follow_up_cached_tokens"] == 0
-
-
 @pytest.mark.slow
 def test_soak_frees_every_block(tmp_path: Path) -> None:
     config = make_config(num_kv_blocks=24)
@@ -132,21 +138,26 @@ def test_overload_refuses_with_429_and_loses_nothing(tmp_path: Path) -> None:
     assert result["admission_bound"] == 4
 
 
+def test_a_frozen_pull_source_means_the_follow_up_computes(pull_stack: Stack) -> None:
+    result = asyncio.run(on_stack(pull_stack, lambda s: FAULTS["stop_pull_source"](s, PLAN)))
+    assert_clean(result)
+    # It tried the frozen source and gave up; a load request that wanted the same source
+    # while it was frozen (or left alone after its timeout) computed too. That a timed-out
+    # source is tried once and then left alone is tests/services/executor/test_block_transfer.py's.
+    assert result["pull_fallbacks"] >= 1
+    assert result["follow_up_completed"] == 1 and result["follow_up_cached_tokens"] == 0
+
+
 def test_a_paused_executor_is_given_up_and_its_streams_continue_elsewhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pull_stack: Stack,
 ) -> None:
-    """SIGSTOP mid-stream: the router's stall watch gives up on the executor (its bound cut to
-    1.5 s here) and every stream on it continues on the other, token for token. The other
-    executor's pulls from the frozen one give up within 1 s (the stall bound must exceed the
-    pull deadline: a pull holds a step), after which it computes."""
-    monkeypatch.setenv("QUIRE_EXECUTOR_STALL_S", "1.5")
-    monkeypatch.setenv("QUIRE_PULL_TIMEOUT_S", "1.0")
-    monkeypatch.setenv("QUIRE_EXECUTOR_DOWN_S", "1.0")  # routable again soon after SIGCONT
+    """SIGSTOP mid-stream: the router's stall watch gives up on the executor and every stream
+    on it continues on the other, token for token. The other executor's pulls from the frozen
+    one give up within their deadline, after which it computes."""
     plan = dataclasses.replace(PLAN, concurrency=4, fault_rounds=1)
     result = asyncio.run(
-        with_stack(
-            make_config(),
-            tmp_path,
+        on_stack(
+            pull_stack,
             lambda s: migration.run_fault(s, plan, MIGRATION_FAULTS["migrate_pause"], seed=3),
         )
     )
