@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
 import structlog
+import torch
 
 from quire.cluster.redis_keys import ExecutorLoad
 from quire.engine.inputs import Continuation
@@ -76,13 +77,18 @@ class EngineLoop:
         on_step_error: Callable[[Exception], None] | None = None,
         request_ids: RequestIds | None = None,
         cores: CoreShare | None = None,
+        threads: int | None = None,
     ) -> None:
         """`on_step_error` is called on the loop thread after a failed step has dropped
         every request (the server decides whether the error is fatal). `request_ids` maps
         engine request ids to the callers' request ids for the memory manager's logs.
         `cores`: the machine's cores shared with sibling executors (each step's threads follow
-        who has work); None: torch's threads stay as set."""
+        who has work); None: every step runs on `threads` torch threads (None: as they are).
+        The count is set on the loop thread before every step: set only once (at start-up, on
+        the process's main thread or on this one) a lone two-thread executor's steps ran on
+        about one core (docs/benchmarks.md, "One executor with every core")."""
         self.cores = cores
+        self.threads = threads
         self.engine = engine
         self.metrics = metrics
         self.request_ids = request_ids or RequestIds()
@@ -233,6 +239,8 @@ class EngineLoop:
     def _step(self) -> None:
         if self.cores is not None:
             self.cores.before_step()
+        elif self.threads:
+            torch.set_num_threads(self.threads)
         try:
             result = self.engine.step()
         except Exception as exc:

@@ -128,6 +128,7 @@ class ExecutorServer:
             on_step_error=on_step_error,
             request_ids=self.request_ids,
             cores=cores,
+            threads=s.torch_threads or None,
         )
         self.loop.start()
         self.servicer = ExecutorServicer(

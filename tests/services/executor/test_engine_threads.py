@@ -1,0 +1,58 @@
+"""The engine loop runs every step on the torch threads it is given, on its own thread."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from quire.config import EngineConfig
+from quire.engine.llm_engine import LLMEngine
+from quire.sampling_params import SamplingParams
+from services.executor.engine_loop import EngineLoop
+
+TINY = Path(__file__).resolve().parents[3] / "models" / "quire-tiny"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[LLMEngine]:
+    threads = torch.get_num_threads()
+    yield LLMEngine(EngineConfig(model=str(TINY), num_kv_blocks=64))
+    torch.set_num_threads(threads)
+
+
+def threads_of_each_step(engine: LLMEngine, threads: int | None) -> list[int]:
+    """Run one short request on a loop given `threads`, after something on the loop's thread
+    set torch's count to 1; the count each step ran with."""
+    seen: list[int] = []
+    step = engine.step
+
+    def counting_step():  # type: ignore[no-untyped-def]
+        seen.append(torch.get_num_threads())
+        return step()
+
+    engine.step = counting_step  # type: ignore[method-assign]
+    done = threading.Event()
+    loop = EngineLoop(engine, threads=threads)
+    loop.start()
+    try:
+        loop.submit(lambda: torch.set_num_threads(1)).result(10)
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        sink = lambda delta: done.set() if delta is not None and delta.finished else None  # noqa: E731
+        loop.add("r", [5, 6, 7], params, sink).result(10)
+        assert done.wait(30)
+    finally:
+        loop.stop(10)
+        del engine.step
+    return seen
+
+
+def test_every_step_runs_on_the_threads_given(engine: LLMEngine) -> None:
+    assert threads_of_each_step(engine, 2) == [2, 2, 2]
+
+
+def test_without_a_count_the_steps_keep_the_thread_s_own(engine: LLMEngine) -> None:
+    assert threads_of_each_step(engine, None) == [1, 1, 1]
