@@ -68,14 +68,13 @@ class CoreShare:
 
     def before_step(self) -> int:
         """Mark this executor busy, count the busy ones and set torch's threads for the
-        step to come (only when the count changed). Returns that count of threads."""
+        step to come (every step, as EngineLoop does with a fixed count: set only when it
+        changed, the count was seen lost). Returns that count of threads."""
         now = time.monotonic()
         self._slots[self.slot] = now
-        threads = max(self.floor, self.cores // max(1, self.busy_executors(now)))
-        if threads != self.threads:
-            torch.set_num_threads(threads)
-            self.threads = threads
-        return threads
+        self.threads = max(self.floor, self.cores // max(1, self.busy_executors(now)))
+        torch.set_num_threads(self.threads)
+        return self.threads
 
     def idle(self) -> None:
         """This executor has no work: its cores are the others'."""

@@ -41,7 +41,11 @@ def threads_of_each_step(engine: LLMEngine, threads: int | None) -> list[int]:
     try:
         loop.submit(lambda: torch.set_num_threads(1)).result(10)
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-        sink = lambda delta: done.set() if delta is not None and delta.finished else None  # noqa: E731
+
+        def sink(delta):  # type: ignore[no-untyped-def]
+            if delta is not None and delta.finished:
+                done.set()
+
         loop.add("r", [5, 6, 7], params, sink).result(10)
         assert done.wait(30)
     finally:
