@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 import grpc
@@ -23,6 +23,7 @@ from quire.cache.paged_kv import kv_bytes_per_token
 from quire.cluster.redis_keys import ExecutorRecord
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
+from quire.model.linear import TUNE_CONDITIONS, TUNINGS
 from services.common import tls
 from services.common.epochs import StaleEpochError
 from services.executor import allocator_factory as alloc
@@ -152,6 +153,17 @@ class ExecutorServer:
             num_kv_blocks=engine.allocator.num_blocks,
             kv_groups=engine.runner.groups.num_groups,
             kv_bytes_per_token=kv_bytes_per_token(engine.model.config, engine.dtype),
+            dtype=str(engine.dtype).removeprefix("torch."),
+            linear_backend=getattr(engine.model, "linear_backend", None),
+            linear_tuning=[
+                {
+                    "dtype": str(key[0]).removeprefix("torch."),
+                    "slowdown": {b: round(r, 3) for b, r in times.items()},
+                    **asdict(TUNE_CONDITIONS[key]),
+                }
+                for key, times in TUNINGS.items()
+            ],
+            torch_threads=torch.get_num_threads(),
             memory_manager=s.memory_manager,
             tls=bool(s.tls_cert),
         )

@@ -44,12 +44,14 @@ from __future__ import annotations
 import functools
 import os
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from quire.kernels import backends as kernel_backends
 from quire.kernels import packed_linear
+from quire.model.machine_load import OtherLoad
 
 BACKENDS = ("auto", "onednn", "packed", "torch", "widened")
 MIN_WIDENED_ROWS = 32  # fewer rows than this: a widened layer multiplies its narrow weight
@@ -62,11 +64,31 @@ MIN_GEMV_ROWS = 2
 TUNE_ROWS = (1, 4, 32, 128)
 TUNE_REPEATS = 5
 TUNE_HOPELESS = 4.0  # slower than this multiple of the fastest everywhere: timed only once
+TUNE_MIN_WINDOW_S = 0.25  # timed passes go on until this long (the load's accounting tick: 10 ms)
+TUNE_MAX_REPEATS = 200
+# A timing taken while other processes held more than this many cores beyond those our
+# threads left them is taken again, after a pause, until TUNE_WAIT_S has passed.
+TUNE_SLACK_CORES = 0.25
+TUNE_RETRY_PAUSE_S = 0.5
+TUNE_WAIT_S = 15.0
 # (out_features, in_features) of one decoder layer's linears, e.g. qkv, o, gate_up, down.
 LayerShapes = tuple[tuple[int, int], ...]
 # What `tuned_backend` measured: (dtype, shapes) -> backend -> its mean, over TUNE_ROWS, of
 # (its best of TUNE_REPEATS seconds for one pass of the shapes) / (the fastest backend's).
 TUNINGS: dict[tuple[torch.dtype, LayerShapes], dict[str, float]] = {}
+
+
+@dataclass(frozen=True)
+class TuneConditions:
+    """How a tuning's kept timing was taken."""
+
+    threads: int  # torch threads of the tuning thread
+    attempts: int  # timings taken (more than one: the machine was busy)
+    other_cores: float  # cores other processes kept busy during the kept timing
+    quiet: bool  # whether they left our threads' cores free (else TUNE_WAIT_S ran out)
+
+
+TUNE_CONDITIONS: dict[tuple[torch.dtype, LayerShapes], TuneConditions] = {}
 
 
 def _onednn_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -150,42 +172,84 @@ def can_run(backend: str, dtype: torch.dtype) -> bool:
     return True
 
 
-@functools.cache
-def tuned_backend(dtype: torch.dtype, shapes: LayerShapes) -> str:
-    """The CPU backend that runs linears of these shapes fastest in this dtype, measured once
-    per process on random weights: all candidates interleaved, each one's best of
-    TUNE_REPEATS at each of TUNE_ROWS as a multiple of the fastest there, averaged over
-    TUNE_ROWS (each batch size counts the same, not the largest most); the figures go to
-    TUNINGS. A candidate TUNE_HOPELESS times slower than the fastest at every row count on
-    the first timed pass is not timed again."""
-    candidates = [b for b in _CANDIDATES[dtype] if can_run(b, dtype)]
-    gen = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(o, i, generator=gen) * 0.02).to(dtype) for o, i in shapes]
-    inputs = {m: [torch.randn(m, i, generator=gen).to(dtype) for _, i in shapes] for m in TUNE_ROWS}
-    layers = {b: [Linear(w, None, b) for w in weights] for b in candidates}
-    best = {(b, m): float("inf") for b in candidates for m in TUNE_ROWS}
-    timed = list(candidates)
+def _time_backends(
+    layers: dict[str, list[Linear]], inputs: dict[int, list[torch.Tensor]]
+) -> dict[tuple[str, int], float]:
+    """(backend, rows) -> its best seconds for one pass of the layers: all candidates
+    interleaved, TUNE_REPEATS timed passes at least and more until TUNE_MIN_WINDOW_S has
+    passed (up to TUNE_MAX_REPEATS), so that the machine's load can be read over the window. A
+    candidate TUNE_HOPELESS times slower than the fastest at every row count on the first
+    timed pass is not timed again."""
+    best = {(b, m): float("inf") for b in layers for m in TUNE_ROWS}
+    timed = list(layers)
+    window_started = time.perf_counter()
+    repeat = 0
     with torch.inference_mode():
-        for repeat in range(TUNE_REPEATS + 1):  # the first pass warms up, untimed
+        while repeat <= TUNE_REPEATS or (
+            repeat <= TUNE_MAX_REPEATS and time.perf_counter() - window_started < TUNE_MIN_WINDOW_S
+        ):
             for b in timed:
                 for m in TUNE_ROWS:
                     started = time.perf_counter()
                     for layer, x in zip(layers[b], inputs[m], strict=True):
                         layer(x)
-                    if repeat:
+                    if repeat:  # the first pass warms up, untimed
                         best[b, m] = min(best[b, m], time.perf_counter() - started)
-            if repeat == 1:  # a candidate TUNE_HOPELESS times slower at every row count is done
+            if repeat == 1:
                 first = {m: min(best[b, m] for b in timed) for m in TUNE_ROWS}
                 timed = [
                     b
                     for b in timed
                     if any(best[b, m] < TUNE_HOPELESS * first[m] for m in TUNE_ROWS)
                 ]
+            repeat += 1
+    return best
+
+
+@functools.cache
+def tuned_backend(dtype: torch.dtype, shapes: LayerShapes) -> str:
+    """The CPU backend that runs linears of these shapes fastest in this dtype, measured once
+    per process on random weights (`_time_backends`), on the thread and with the torch
+    threads of the caller: each candidate's best at each of TUNE_ROWS as a multiple of the
+    fastest there, averaged over TUNE_ROWS (each batch size counts the same, not the largest
+    most); the figures go to TUNINGS.
+
+    A timing is only kept if other processes left the cores its threads needed free
+    (machine_load.OtherLoad): a neighbour's busy core makes OpenMP kernels look several times
+    slower than they are and hands the choice to whichever candidate happened to run on one
+    thread (an executor tuning while the router beside it started up chose torch's GEMM). A
+    disturbed timing is taken again after TUNE_RETRY_PAUSE_S, for up to TUNE_WAIT_S; then the
+    least disturbed one is kept. TUNE_CONDITIONS says how the kept one was taken."""
+    candidates = [b for b in _CANDIDATES[dtype] if can_run(b, dtype)]
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(o, i, generator=gen) * 0.02).to(dtype) for o, i in shapes]
+    inputs = {m: [torch.randn(m, i, generator=gen).to(dtype) for _, i in shapes] for m in TUNE_ROWS}
+    layers = {b: [Linear(w, None, b) for w in weights] for b in candidates}
+    threads = torch.get_num_threads()
+    deadline = time.monotonic() + TUNE_WAIT_S
+    kept: tuple[OtherLoad, dict[tuple[str, int], float]] | None = None
+    attempts = 0
+    while True:
+        attempts += 1
+        with OtherLoad() as load:
+            best = _time_backends(layers, inputs)
+        if kept is None or load.cores < kept[0].cores:
+            kept = (load, best)
+        if load.left_free(threads, TUNE_SLACK_CORES) or time.monotonic() >= deadline:
+            break
+        time.sleep(TUNE_RETRY_PAUSE_S)
+    kept_load, best = kept
     fastest = {m: min(best[b, m] for b in candidates) for m in TUNE_ROWS}
     slowdown = {
         b: sum(best[b, m] / fastest[m] for m in TUNE_ROWS) / len(TUNE_ROWS) for b in candidates
     }
     TUNINGS[dtype, shapes] = slowdown
+    TUNE_CONDITIONS[dtype, shapes] = TuneConditions(
+        threads=threads,
+        attempts=attempts,
+        other_cores=round(kept_load.cores, 2),
+        quiet=kept_load.left_free(threads, TUNE_SLACK_CORES),
+    )
     return min(candidates, key=slowdown.__getitem__)
 
 

@@ -13,8 +13,10 @@ from quire.model.linear import (
     BACKENDS,
     MIN_GEMV_ROWS,
     MIN_WIDENED_ROWS,
+    TUNE_CONDITIONS,
     TUNINGS,
     Linear,
+    TuneConditions,
     head_backend,
     linear_backend,
 )
@@ -54,6 +56,35 @@ class _ChargedClock:
     def perf_counter(self) -> float:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _FakeLoad:
+    """machine_load.OtherLoad with the other processes' cores of each timing set in advance
+    (on a two-CPU machine); `on_enter` runs as each timing starts."""
+
+    sequence: list[float] = []
+    on_enter: list[object] = []
+
+    def __init__(self) -> None:
+        self.num_cpus = 2
+        self.cores = 0.0
+
+    def __enter__(self) -> _FakeLoad:
+        for hook in _FakeLoad.on_enter:
+            hook()  # type: ignore[operator]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cores = _FakeLoad.sequence.pop(0)
+
+    def left_free(self, threads: int, slack_cores: float) -> bool:
+        return self.cores <= max(0, self.num_cpus - threads) + slack_cores
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_auto_takes_the_backend_its_clock_says_is_fastest(
@@ -81,6 +112,8 @@ def test_auto_takes_the_backend_its_clock_says_is_fastest(
 
     monkeypatch.setattr(linear_module, "time", clock)
     monkeypatch.setattr(linear_module, "Linear", ChargedLinear)
+    monkeypatch.setattr(linear_module, "OtherLoad", _FakeLoad)
+    monkeypatch.setattr(_FakeLoad, "sequence", [0.0])
     shapes = ((40, 24), (24, 40))
     linear_module.tuned_backend.cache_clear()
     try:
@@ -89,6 +122,71 @@ def test_auto_takes_the_backend_its_clock_says_is_fastest(
         linear_module.tuned_backend.cache_clear()
     # per batch size, two layers of cost c x rows: each slowdown is c / the cheapest's c
     assert TUNINGS[dtype, shapes] == pytest.approx({b: c / 1.0 for b, c in costs.items()})
+
+
+def _tune_with_loads(
+    monkeypatch: pytest.MonkeyPatch, loads: list[float]
+) -> tuple[str, list[str], dict[str, float], TuneConditions]:
+    """Tune float32 on two shapes where each timing's other load is the next of `loads`, the
+    candidate that is cheapest rotates from timing to timing (the first candidate in the first
+    timing, the next in the second, ...), and the last timing starts past TUNE_WAIT_S:
+    (chosen, candidates, TUNINGS, conditions)."""
+    dtype = torch.float32
+    candidates = [b for b in linear_module._CANDIDATES[dtype] if linear_module.can_run(b, dtype)]
+    assert len(candidates) >= 2, candidates
+    clock = _ChargedClock({})
+    timing = [-1]
+    wait_s = 1e12  # far beyond what the timings charge the clock
+
+    def next_timing() -> None:  # this timing's cheapest candidate costs 1 a row, the others 5
+        timing[0] += 1
+        cheapest = candidates[timing[0] % len(candidates)]
+        clock.cost_per_row = {b: 1.0 if b == cheapest else 5.0 for b in candidates}
+        if timing[0] == len(loads) - 1:
+            clock.now += wait_s
+
+    class ChargedLinear(Linear):
+        def __call__(self, x: torch.Tensor) -> torch.Tensor:
+            clock.now += clock.cost_per_row[self.backend] * x.shape[0]
+            return super().__call__(x)
+
+    monkeypatch.setattr(linear_module, "time", clock)
+    monkeypatch.setattr(linear_module, "Linear", ChargedLinear)
+    monkeypatch.setattr(linear_module, "OtherLoad", _FakeLoad)
+    monkeypatch.setattr(linear_module, "TUNE_WAIT_S", wait_s)
+    monkeypatch.setattr(_FakeLoad, "sequence", list(loads))
+    monkeypatch.setattr(_FakeLoad, "on_enter", [next_timing])
+    shapes = ((40, 24), (24, 40))
+    threads = torch.get_num_threads()
+    linear_module.tuned_backend.cache_clear()
+    try:
+        torch.set_num_threads(2)
+        chosen = linear_module.tuned_backend(dtype, shapes)
+    finally:
+        linear_module.tuned_backend.cache_clear()
+        torch.set_num_threads(threads)
+    return chosen, candidates, TUNINGS[dtype, shapes], TUNE_CONDITIONS[dtype, shapes]
+
+
+def test_a_timing_taken_while_others_held_our_cores_is_taken_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two threads on two CPUs: timings with others on 1.5 and 0.5 cores are not kept, the
+    third (0.1 cores, within the slack) is, and its cheapest candidate is chosen."""
+    chosen, candidates, tuning, conditions = _tune_with_loads(monkeypatch, [1.5, 0.5, 0.1])
+    assert chosen == candidates[2 % len(candidates)]
+    assert tuning[chosen] == pytest.approx(1.0)
+    assert conditions == TuneConditions(threads=2, attempts=3, other_cores=0.1, quiet=True)
+
+
+def test_a_machine_that_never_quiets_keeps_the_least_disturbed_timing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every timing disturbed: they go on until TUNE_WAIT_S has passed, then the one taken
+    with the fewest other cores decides."""
+    chosen, candidates, _, conditions = _tune_with_loads(monkeypatch, [1.5, 0.75, 1.25])
+    assert chosen == candidates[1]
+    assert conditions == TuneConditions(threads=2, attempts=3, other_cores=0.75, quiet=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
