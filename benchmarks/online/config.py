@@ -12,12 +12,14 @@ REQUEST_TIMEOUT_S = 300.0
 SLO_LOAD_AXIS_MAX = 4.0
 # vLLM's CPU attention takes block sizes in multiples of 32 only: the nearest to Quire's 16.
 VLLM_BLOCK_SIZE = 32
-QUIRE_KV_BLOCKS = 2048  # per executor, unless QUIRE_NUM_KV_BLOCKS is set
-# vLLM's KV cache: about what Quire's two executors hold (2 x 2048 blocks of 16 tokens; for
-# SmolLM2-135M in float32, 45 KiB per token: 2.8 GiB).
+# Quire's KV blocks in all, split evenly between its executors (so that one executor or two hold
+# the same), unless QUIRE_NUM_KV_BLOCKS sets each executor's pool.
+QUIRE_KV_BLOCKS_TOTAL = 4096
+# vLLM's KV cache: about what Quire holds (4096 blocks of 16 tokens; for SmolLM2-135M in
+# float32, 45 KiB per token: 2.8 GiB).
 VLLM_KV_CACHE_GIB = 3
-# llama-server's shared KV pool in tokens: what Quire's two executors hold (2 x 2048 x 16), each
-# slot limited to the longest ShareGPT request kept (prompt + output <= 2048 tokens).
+# llama-server's shared KV pool in tokens: what Quire holds (4096 x 16), each slot limited to
+# the longest ShareGPT request kept (prompt + output <= 2048 tokens).
 LLAMACPP_KV_POOL_TOKENS = 65536
 LLAMACPP_CTX_PER_SLOT = 2048
 # Which weight formats each system serves: the dtypes of --dtypes, "q4_1" and "q8_0" being
@@ -63,7 +65,10 @@ DEFAULTS: dict[str, Any] = {
     "slo_ttft_ms": 6000.0,
     "slo_tpot_ms": 500.0,
     "warmup": 4,
-    "num_executors": 2,
+    # One executor with every core: on one machine it serves the curve at least as well as two
+    # executors splitting the cores, with none of their routing imbalance at low concurrency
+    # (docs/benchmarks.md, "One executor or two"); --num-executors 2 measures the other layout.
+    "num_executors": 1,
 }
 
 # --quick: the smoke test's settings (tiny model, two low rates, a few short requests, one

@@ -18,7 +18,7 @@ from benchmarks.online.client import LlamaCppServer, QuireServer, TransformersSe
 from benchmarks.online.config import (
     LLAMACPP_CTX_PER_SLOT,
     LLAMACPP_KV_POOL_TOKENS,
-    QUIRE_KV_BLOCKS,
+    QUIRE_KV_BLOCKS_TOTAL,
     REPO,
     VLLM_BLOCK_SIZE,
     VLLM_KV_CACHE_GIB,
@@ -37,7 +37,8 @@ def quire_server(
 ) -> Any:
     """Quire's stack (Redis, memory manager, executors, router) on free ports, its executors in
     `dtype`; the rest of its settings from the environment (`StackConfig.from_env`), the KV
-    pool `QUIRE_KV_BLOCKS` blocks per executor unless QUIRE_NUM_KV_BLOCKS says otherwise. A
+    pool QUIRE_KV_BLOCKS_TOTAL blocks split evenly between the executors unless
+    QUIRE_NUM_KV_BLOCKS sets each one's. A
     quantized dtype (QUANTIZED_DTYPES) serves llama.cpp's GGUF of it (`gguf_stem`'s) as it is,
     in float32."""
     from benchmarks.peers.llamacpp_env import QUANTIZED_DTYPES, gguf_path
@@ -57,7 +58,9 @@ def quire_server(
     )
     config = dataclasses.replace(config, executor_dtype=dtype)
     if config.num_kv_blocks is None:
-        config = dataclasses.replace(config, num_kv_blocks=QUIRE_KV_BLOCKS)
+        config = dataclasses.replace(
+            config, num_kv_blocks=QUIRE_KV_BLOCKS_TOTAL // max(1, num_executors)
+        )
     stack = Stack(config, run_dir, cwd=REPO)
     stack.start(timeout_s=180)
     try:

@@ -94,7 +94,8 @@ def args_for(*flags: str) -> Any:
 
 
 def test_options() -> None:
-    assert parse_args([]).num_executors == 2
+    assert parse_args([]).num_executors == 1
+    assert parse_args(["--num-executors", "2"]).num_executors == 2
     assert args_for().num_executors == 1
     assert args_for("--num-executors", "3").num_executors == 3
     with pytest.raises(SystemExit):
