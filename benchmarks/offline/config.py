@@ -17,6 +17,8 @@ WINDOW_BUDGET_BLOCKS = 256
 # rows, so 16 is the fastest once the longer tail of a bigger batch is priced in.
 HF_BATCH_SIZE = 16
 MATMUL_SIZE = 2048  # square matmul that stands for the machine's peak FLOP/s in each dtype
+# ... or a smaller one where one product of the next size would take longer than this
+MATMUL_PROBE_S = 0.5
 TIMELINE_POINTS = 300  # at most this many KV-utilization samples go into the JSON
 
 # --quick: the smoke test's settings (a tiny model, a few short requests, a small budget).
@@ -63,7 +65,9 @@ DEFINITIONS = {
     "libraries and whatever earlier runs left resident count too), vLLM's summed over its "
     "front-end and engine-core processes",
     "matmul_fraction": "Quire achieved FLOP/s / best matmul FLOP/s in the same dtype measured in this "
-    "run. Achieved = (2 * decoder linear params * tokens computed (prefill + decode) + 2 * "
+    "run (torch's square matmul of matmul_size: smaller than 2048 where that dtype's GEMM is slow "
+    "on this CPU, e.g. bfloat16 without AVX512_BF16, where Quire computes widened and the "
+    "fraction exceeds 1). Achieved = (2 * decoder linear params * tokens computed (prefill + decode) + 2 * "
     "lm_head params * logit rows + 4 * layers * heads * head_dim * sum of context lengths "
     "over computed tokens) / Quire wall time; embedding lookups and norms are not counted",
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import platform
@@ -12,11 +13,30 @@ from typing import Any
 
 import torch
 
-from benchmarks.offline.config import MATMUL_SIZE
+from benchmarks.offline.config import MATMUL_PROBE_S, MATMUL_SIZE
 
 
-def matmul_flops(dtype: torch.dtype, n: int = MATMUL_SIZE, repeats: int = 5) -> float:
-    """Best FLOP/s of one [n, n] @ [n, n] matmul in `dtype` over a few repeats."""
+@functools.cache
+def matmul_size(dtype: torch.dtype, n: int = MATMUL_SIZE) -> int:
+    """The square matmul that stands for `dtype`'s peak here: [n, n], or the largest power of two
+    from 256 whose product took under MATMUL_PROBE_S / 8 (the next size's would take 8 times
+    as long), so that a dtype this CPU has no fast GEMM for (torch's own bfloat16 without
+    AVX512_BF16 or AMX takes minutes at 2048) is measured in seconds."""
+    size = min(256, n)
+    while size < n:
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        torch.matmul(a, b)  # warm the allocator and the BLAS threads
+        start = perf_counter()
+        torch.matmul(a, b)
+        if 8 * (perf_counter() - start) > MATMUL_PROBE_S:
+            break
+        size *= 2
+    return size
+
+
+def matmul_flops(dtype: torch.dtype, repeats: int = 5) -> float:
+    """Best FLOP/s of one square matmul of `matmul_size` in `dtype` over a few repeats."""
+    n = matmul_size(dtype)
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     out = torch.empty(n, n, dtype=dtype)
     torch.matmul(a, b, out=out)  # warm the allocator and the BLAS threads

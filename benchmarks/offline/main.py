@@ -19,7 +19,6 @@ from benchmarks.offline.config import (
     CONCURRENCY_CONTEXT,
     CONCURRENCY_DEMAND,
     DEFINITIONS,
-    MATMUL_SIZE,
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     QUICK,
@@ -31,7 +30,13 @@ from benchmarks.offline.hf import (
     run_hf_static,
     warm_up_hf_static,
 )
-from benchmarks.offline.machine import machine_info, matmul_flops, peak_rss_mib, reset_peak_rss
+from benchmarks.offline.machine import (
+    machine_info,
+    matmul_flops,
+    matmul_size,
+    peak_rss_mib,
+    reset_peak_rss,
+)
 from benchmarks.offline.plot import draw
 from benchmarks.offline.quire_run import run_quire, warm_up_quire, warmup_workload
 from benchmarks.offline.table import print_table
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "concurrency_demand": CONCURRENCY_DEMAND,
         "sliding_window": window,
         "window_budget_blocks": args.window_budget_blocks,
-        "matmul_size": MATMUL_SIZE,
+        "matmul_size": {d: matmul_size(t) for d, t in dtypes.items()},
         "warmup": {
             "prompt_lens": [len(p) for p in warmup.prompts],
             "output_lens": warmup.output_lens,
