@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from quire_tools.workloads import sharegpt
+
+from quire.config import EngineConfig
 
 REPO = Path(__file__).resolve().parents[2]
 REQUEST_TIMEOUT_S = 300.0
@@ -15,12 +18,14 @@ VLLM_BLOCK_SIZE = 32
 # Quire's KV blocks in all, split evenly between its executors (so that one executor or two hold
 # the same), unless QUIRE_NUM_KV_BLOCKS sets each executor's pool.
 QUIRE_KV_BLOCKS_TOTAL = 4096
+# tokens per KV block: the executors' default block_size (EngineConfig owns it)
+QUIRE_BLOCK_SIZE: int = next(f.default for f in fields(EngineConfig) if f.name == "block_size")
 # vLLM's KV cache: about what Quire holds (4096 blocks of 16 tokens; for SmolLM2-135M in
 # float32, 45 KiB per token: 2.8 GiB).
 VLLM_KV_CACHE_GIB = 3
 # llama-server's shared KV pool in tokens: what Quire holds (4096 x 16), each slot limited to
 # the longest ShareGPT request kept (prompt + output <= 2048 tokens).
-LLAMACPP_KV_POOL_TOKENS = 65536
+LLAMACPP_KV_POOL_TOKENS = QUIRE_KV_BLOCKS_TOTAL * QUIRE_BLOCK_SIZE
 LLAMACPP_CTX_PER_SLOT = 2048
 # Which weight formats each system serves: the dtypes of --dtypes, "q4_1" and "q8_0" being
 # GGUF files of the same model (llama.cpp's, benchmarks.peers.llamacpp_env) that Quire and
