@@ -3,7 +3,10 @@
 Every other thread talks to it through a command list guarded by a condition variable:
 `add`, `abort`, `fresh_load` and `abort_all` return a `concurrent.futures.Future` that the
 loop thread resolves. Before each step the loop runs every pending command; when there is
-neither work nor a command it sleeps on the condition (no busy spin). Each request has a
+neither work nor a command it sleeps on the condition (no busy spin), waking every
+`idle_load_interval_s` to take the load again: an idle executor's pool still changes (a peer
+that pulled its blocks releases their pins, a pin's lease runs out), and its liveness record
+carries the last load taken. Each request has a
 sink, a callable the loop thread hands every `RequestDelta` of that request (and finally
 `ABORTED` or an `EngineFailure`); sinks must be cheap and thread-safe. Metrics come from each
 step's `StepStats` and deltas, never from the engine's queues.
@@ -74,6 +77,7 @@ class EngineLoop:
         engine: LLMEngine,
         metrics: ExecutorMetrics | None = None,
         load_interval_s: float = 0.1,
+        idle_load_interval_s: float = 1.0,
         on_step_error: Callable[[Exception], None] | None = None,
         request_ids: RequestIds | None = None,
         cores: CoreShare | None = None,
@@ -94,6 +98,7 @@ class EngineLoop:
         self.request_ids = request_ids or RequestIds()
         self.on_step_error = on_step_error
         self.load_interval_s = load_interval_s
+        self.idle_load_interval_s = idle_load_interval_s
         self.load = ExecutorLoad()  # the latest load record; replaced, never mutated
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
@@ -186,7 +191,10 @@ class EngineLoop:
                 if self.cores is not None and not self._has_work():
                     self.cores.idle()  # the siblings may take this executor's cores
                 while not self._commands and not self._stopping and not self._has_work():
-                    self._cond.wait()
+                    stale_in = self._load_at + self.idle_load_interval_s - time.monotonic()
+                    if stale_in <= 0:
+                        break
+                    self._cond.wait(stale_in)
                 commands, self._commands = self._commands, []
                 stopping = self._stopping
             for command in commands:

@@ -26,7 +26,9 @@ from services.rpc import memory_manager_pb2, memory_manager_pb2_grpc
 log = structlog.get_logger(__name__)
 
 SERVICE_NAME = memory_manager_pb2.DESCRIPTOR.services_by_name["MemoryManager"].full_name
-GAUGE_REFRESH_S = 1.0  # how often pool gauges and the Redis health gauge are updated
+# how often pool gauges and the Redis health gauge are updated, and expired pins dropped (an
+# idle cluster makes no Step, which would drop them otherwise)
+GAUGE_REFRESH_S = 1.0
 
 
 class MemoryManagerServer:
@@ -46,6 +48,7 @@ class MemoryManagerServer:
         self.metrics_port = 0  # the bound /metrics port, once started (0: disabled)
         self._server: grpc.aio.Server | None = None
         self._gauge_task: asyncio.Task[None] | None = None
+        self._servicer: MemoryManagerServicer | None = None
 
     async def start(self) -> int:
         """Bind and start serving; returns the gRPC port."""
@@ -63,6 +66,7 @@ class MemoryManagerServer:
             self.settings.log_prompts,
             self.settings.pull_lease_s,
         )
+        self._servicer = servicer
         memory_manager_pb2_grpc.add_MemoryManagerServicer_to_server(servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         if self.publisher is not None:
@@ -108,6 +112,8 @@ class MemoryManagerServer:
 
     async def _refresh_gauges(self) -> None:
         while True:
+            if self._servicer is not None:
+                self._servicer.pulls.expire()
             self.metrics.update_pools(self.pools)
             healthy = self.publisher is None or self.publisher.is_healthy
             self.metrics.redis_healthy.set(1 if healthy else 0)

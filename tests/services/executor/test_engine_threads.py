@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -60,3 +62,28 @@ def test_every_step_runs_on_the_threads_given(engine: LLMEngine) -> None:
 
 def test_without_a_count_the_steps_keep_the_thread_s_own(engine: LLMEngine) -> None:
     assert threads_of_each_step(engine, None) == [1, 1, 1]
+
+
+def test_an_idle_loop_takes_its_load_again(engine: LLMEngine) -> None:
+    """A pool changes while its executor is idle (a peer releases the pins on its blocks): the
+    load the liveness record carries follows without a request arriving."""
+    used = [0]
+    stats = engine.stats
+
+    def changing_stats():  # type: ignore[no-untyped-def]
+        taken = stats()
+        return replace(taken, allocator=replace(taken.allocator, num_blocks_used=used[0]))
+
+    engine.stats = changing_stats  # type: ignore[method-assign]
+    loop = EngineLoop(engine, idle_load_interval_s=0.05)
+    loop.start()
+    try:
+        assert loop.load.kv_blocks_used == 0
+        used[0] = 3
+        deadline = time.monotonic() + 5.0
+        while loop.load.kv_blocks_used != 3:
+            assert time.monotonic() < deadline, "the idle loop kept its old load"
+            time.sleep(0.02)
+    finally:
+        loop.stop(10)
+        del engine.stats

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -224,26 +225,38 @@ def test_new_epoch_replaces_state(stub: pb_grpc.MemoryManagerStub) -> None:
     assert (update.start, list(update.block_ids)) == (2, [0])
 
 
-def test_a_peers_blocks_are_offered_pinned_and_released(stub: pb_grpc.MemoryManagerStub) -> None:
+def _step(stub: pb_grpc.MemoryManagerStub, executor_id: str, step: StepAllocation):  # type: ignore[no-untyped-def]
+    return stub.Step(step_to_proto(executor_id, 1, step))
+
+
+def _states(stub: pb_grpc.MemoryManagerStub, executor_id: str) -> bytes:
+    return stub.GetBlockStates(pb.GetBlockStatesRequest(executor_id=executor_id)).states
+
+
+def _offer_e2s_blocks_to_e1(stub: pb_grpc.MemoryManagerStub) -> tuple[pb.StepResponse, list[int]]:
+    """e2 computes A (2 full blocks + 2) and finishes, then e1 admits A: the step's response
+    and the blocks e2 held cached."""
     for executor_id, port in (("e1", 7001), ("e2", 7002)):
         stub.Register(
             register_request(
                 executor_id=executor_id, address=f"127.0.0.1:{port}", accepts_pulls=True
             )
         )
+    _step(stub, "e2", StepAllocation(admits=(AdmitRequest("a", A),)))
+    _step(stub, "e2", StepAllocation(commits=(CommitRequest("a", len(A)),), frees=("a",)))
+    cached = [i for i, s in enumerate(_states(stub, "e2")) if s == 2]
+    assert len(cached) == 2
+    return _step(stub, "e1", StepAllocation(admits=(AdmitRequest("x", A),))), cached
 
+
+def test_a_peers_blocks_are_offered_pinned_and_released(stub: pb_grpc.MemoryManagerStub) -> None:
     def step(executor_id: str, step: StepAllocation) -> pb.StepResponse:
-        return stub.Step(step_to_proto(executor_id, 1, step))
+        return _step(stub, executor_id, step)
 
     def states(executor_id: str) -> bytes:
-        return stub.GetBlockStates(pb.GetBlockStatesRequest(executor_id=executor_id)).states
+        return _states(stub, executor_id)
 
-    # e2 computes A (2 full blocks + 2) and finishes: its two full blocks stay cached.
-    step("e2", StepAllocation(admits=(AdmitRequest("a", A),)))
-    step("e2", StepAllocation(commits=(CommitRequest("a", len(A)),), frees=("a",)))
-    cached = [i for i, s in enumerate(states("e2")) if s == 2]
-    assert len(cached) == 2
-    offered = step("e1", StepAllocation(admits=(AdmitRequest("x", A),)))
+    offered, cached = _offer_e2s_blocks_to_e1(stub)
     assert offered.num_cached_tokens == {"x": 0}
     offer = offered.pulls["x"]
     assert (offer.source_executor_id, offer.source_address) == ("e2", "127.0.0.1:7002")
@@ -253,3 +266,20 @@ def test_a_peers_blocks_are_offered_pinned_and_released(stub: pb_grpc.MemoryMana
     # Released in e1's next step: cached again on e2.
     step("e1", StepAllocation(released_pins=(offer.pin_id,)))
     assert [states("e2")[b] for b in offer.source_block_ids] == [2, 2]
+
+
+def test_a_pin_nobody_releases_expires_while_no_executor_steps() -> None:
+    manager = ManagerThread(pull_lease_s=0.5).start()
+    try:
+        with grpc.insecure_channel(manager.target) as channel:
+            stub = pb_grpc.MemoryManagerStub(channel)
+            offered, _ = _offer_e2s_blocks_to_e1(stub)
+            pinned = offered.pulls["x"].source_block_ids
+            assert [_states(stub, "e2")[b] for b in pinned] == [1, 1]
+            # No executor steps again (both idle, e1 never releases): the lease still ends.
+            deadline = time.monotonic() + 10.0
+            while [_states(stub, "e2")[b] for b in pinned] != [2, 2]:
+                assert time.monotonic() < deadline, "the pin outlived its lease"
+                time.sleep(0.1)
+    finally:
+        manager.stop()
