@@ -168,3 +168,96 @@ def test_cpp_refuses_what_it_cannot_multiply() -> None:
         cpp_quantized.quantized_linear(torch.randn(2, 96), blocks, "Q8_0")
     with pytest.raises(ValueError, match="no multiple of the block size 256"):
         cpp_quantized.quantized_linear(torch.randn(2, 64), blocks, "Q4_K")
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+def test_interleaved_blocks_hold_the_same_weights(name: str) -> None:
+    blocks = random_blocks(name, 48, 256, seed=7)
+    packed, packed_name = reference_quantized.interleave(blocks, name)
+    assert packed_name == reference_quantized.INTERLEAVED_OF[name]
+    fmt = reference_quantized.block_format(packed_name)
+    assert packed.shape == (48, 256 // 32 * fmt.block_bytes)
+    assert torch.equal(
+        reference_quantized.dequantize(packed, packed_name),
+        reference_quantized.dequantize(blocks, name),
+    )
+    back, back_name = reference_quantized.deinterleave(packed, packed_name)
+    if name != "Q4_0":  # Q4_0 comes back as Q4_1 (m = -8 d): compared by value above
+        assert back_name == name and torch.equal(back, blocks)
+    ids = torch.tensor([47, 0, 16, 16, 31, 5])
+    rows, rows_name = reference_quantized.select_rows(packed, packed_name, ids)
+    assert torch.equal(
+        reference_quantized.dequantize(rows, rows_name),
+        reference_quantized.dequantize(blocks, name)[ids],
+    )
+
+
+def test_interleaved_layout_byte_by_byte() -> None:
+    """Q4_1x16's and Q8_0x16's bytes read one weight at a time (independently of the oracle's
+    reshapes): block b of a 16-row group, row r, input k."""
+    q41 = random_blocks("Q4_1", 16, 64, seed=8)
+    q80 = random_blocks("Q8_0", 16, 64, seed=9)
+    p41, _ = reference_quantized.interleave(q41, "Q4_1")
+    p80, _ = reference_quantized.interleave(q80, "Q8_0")
+    w41 = reference_quantized.dequantize(q41, "Q4_1")
+    w80 = reference_quantized.dequantize(q80, "Q8_0")
+    g41, g80 = p41.reshape(-1).tolist(), p80.reshape(-1).tolist()
+
+    def f16(data: list[int], at: int) -> float:
+        return float(np.frombuffer(bytes(data[at : at + 2]), dtype=np.float16)[0])
+
+    for b in range(2):
+        for r in range(16):
+            base41, base80 = 320 * b, 576 * b
+            d41, m41 = f16(g41, base41 + 2 * r), f16(g41, base41 + 32 + 2 * r)
+            d80 = f16(g80, base80 + 2 * r)
+            total = int(np.frombuffer(bytes(g80[base80 + 32 + 2 * r :][:2]), np.int16)[0])
+            qs80 = []
+            for k in range(32):
+                byte = g41[base41 + 64 + 64 * (k % 16 // 4) + 4 * r + k % 4]
+                q = byte >> 4 if k >= 16 else byte & 0x0F
+                assert w41[r, 32 * b + k].item() == np.float32(d41) * q + np.float32(m41)
+                q8 = np.int8(np.uint8(g80[base80 + 64 + 64 * (k // 4) + 4 * r + k % 4]))
+                qs80.append(int(q8))
+                assert w80[r, 32 * b + k].item() == np.float32(d80) * np.float32(q8)
+            assert total == sum(qs80)
+
+
+def test_interleaving_refuses_what_it_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="rows in 16s, not 24"):
+        reference_quantized.interleave(random_blocks("Q4_1", 24, 64), "Q4_1")
+    with pytest.raises(ValueError, match="Q4_K has no interleaved layout"):
+        reference_quantized.interleave(random_blocks("Q4_K", 16, 256), "Q4_K")
+
+
+needs_vnni = pytest.mark.skipif(
+    not cpp_quantized.supports("Q4_1x16", torch.float32),
+    reason="needs AVX512_VNNI: the interleaved layouts' kernel",
+)
+
+
+@needs_vnni
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_0", "Q4_1"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 17, 95, 96, 130])  # int8 below 96
+@pytest.mark.parametrize("out_features", [16, 80])
+def test_cpp_interleaved_matches_its_oracles(name: str, rows: int, out_features: int) -> None:
+    in_features = 512
+    blocks = random_blocks(name, out_features, in_features, seed=rows)
+    packed, packed_name = reference_quantized.interleave(blocks, name)
+    x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(out_features))
+    magnitude = x.double().abs() @ reference_quantized.dequantize(blocks, name).double().abs().t()
+    float_path = reference_quantized.quantized_linear(x.double(), blocks, name)
+    int8_path = reference_quantized.quantized_linear_int8(x, blocks, name)
+    got = cpp_quantized.quantized_linear(x, packed, packed_name, int8_activations=True).double()
+    expected = int8_path if rows < cpp_quantized.int8_row_limit() else float_path
+    assert ((got - expected).abs() <= magnitude * in_features * 2.0**-22).all()
+    # float32 activations: the dequantized panels times x, at any number of rows
+    got = cpp_quantized.quantized_linear(x, packed, packed_name).double()
+    assert ((got - float_path).abs() <= magnitude * in_features * 2.0**-23).all()
+
+
+@needs_vnni
+def test_cpp_interleaved_refuses_rows_not_in_16s() -> None:
+    packed, packed_name = reference_quantized.interleave(random_blocks("Q8_0", 32, 64), "Q8_0")
+    with pytest.raises(ValueError, match="interleaved blocks hold rows in 16s, not 8"):
+        cpp_quantized.quantized_linear(torch.randn(2, 64), packed[:8].contiguous(), packed_name)

@@ -25,8 +25,11 @@ def _supports_type(ggml_type: int) -> bool:
 def supports(quant: str, dtype: torch.dtype) -> bool:
     """Whether the C++ kernel runs format `quant` here (activations of any float dtype: they
     are multiplied in float32)."""
-    fmt = reference_quantized.FORMATS.get(quant)
-    return fmt is not None and dtype.is_floating_point and _supports_type(fmt.ggml_type)
+    try:
+        fmt = reference_quantized.block_format(quant)
+    except ValueError:
+        return False
+    return dtype.is_floating_point and _supports_type(fmt.ggml_type)
 
 
 @functools.cache

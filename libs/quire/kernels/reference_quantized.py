@@ -53,14 +53,107 @@ FORMATS: dict[str, BlockFormat] = {
         BlockFormat("Q4_Z", 1000, 32, 20),
     )
 }
-FORMATS_BY_TYPE = {f.ggml_type: f for f in FORMATS.values()}
+
+# Row-interleaved layouts of the 32-weight formats, for CPU kernels that multiply 16 rows of W
+# at once with one vector instruction (interleave(); the C++ kernel's int8 path on a CPU with
+# AVX512_VNNI). No file holds them: a model's weights are interleaved when it loads. Rows go in
+# groups of 16 (out_features a multiple of 16), and a group's bytes are its 16 rows' blocks
+# block by block: for block b, 16 float16 scales d, then
+#   Q4_1x16 (320 B / 16 x 32):  16 float16 mins m, then the 16 rows' nibbles in 4 chunks of
+#            64 B: chunk t holds, row after row, bytes 4t..4t+3 of each row's qs (inputs
+#            4t..4t+3 in the low nibbles, 16+4t..16+4t+3 in the high ones). A Q4_0 block is
+#            written with m = -8 d (w = d * q + m, the same float32 values as d * (q - 8)).
+#   Q8_0x16 (576 B / 16 x 32):  16 int16 sums of the block's integers, then the 16 rows'
+#            integers in 8 chunks of 64 B: chunk t holds bytes 4t..4t+3 of each row.
+# Their `block_bytes` are per row (the group's divided by 16), so a [out_features, row_bytes]
+# tensor holds them as it holds the row-major formats; its rows are not the weight's rows.
+INTERLEAVED_ROWS = 16
+INTERLEAVED: dict[str, BlockFormat] = {
+    f.name: f for f in (BlockFormat("Q8_0x16", 1001, 32, 36), BlockFormat("Q4_1x16", 1002, 32, 20))
+}
+INTERLEAVED_BASE = {"Q8_0x16": "Q8_0", "Q4_1x16": "Q4_1"}  # what deinterleave() gives back
+INTERLEAVED_OF = {"Q8_0": "Q8_0x16", "Q4_0": "Q4_1x16", "Q4_1": "Q4_1x16"}  # interleave()'s
+
+FORMATS_BY_TYPE = {f.ggml_type: f for f in (*FORMATS.values(), *INTERLEAVED.values())}
 
 
 def block_format(name: str) -> BlockFormat:
-    """The format called `name`; ValueError naming the ones supported."""
-    if name not in FORMATS:
-        raise ValueError(f"block format {name!r} is not supported ({', '.join(FORMATS)})")
-    return FORMATS[name]
+    """The format called `name` (row-major or interleaved); ValueError naming the ones
+    supported."""
+    fmt = FORMATS.get(name) or INTERLEAVED.get(name)
+    if fmt is None:
+        names = ", ".join([*FORMATS, *INTERLEAVED])
+        raise ValueError(f"block format {name!r} is not supported ({names})")
+    return fmt
+
+
+def interleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
+    """`blocks` (`[out_features, row_bytes]` of Q8_0, Q4_0 or Q4_1) in their interleaved
+    format (INTERLEAVED), and its name; ValueError where out_features is no multiple of 16 or
+    a Q4_0 scale times -8 overflows float16."""
+    if name not in INTERLEAVED_OF:
+        raise ValueError(f"{name} has no interleaved layout ({', '.join(INTERLEAVED_OF)} do)")
+    rows = blocks.shape[0]
+    if rows % INTERLEAVED_ROWS:
+        raise ValueError(f"interleaving takes rows in 16s, not {rows}")
+    fmt = block_format(name)
+    nb = blocks.shape[1] // fmt.block_bytes
+    # [groups, 16 rows, blocks, bytes] -> [groups, blocks, 16 rows, bytes]
+    grouped = blocks.reshape(-1, INTERLEAVED_ROWS, nb, fmt.block_bytes).transpose(1, 2)
+    d = grouped[..., 0:2]
+    if name == "Q8_0":
+        q = grouped[..., 2:]
+        sums = q.contiguous().view(torch.int8).sum(-1, keepdim=True).to(torch.int16)
+        head = torch.cat([d, sums.view(torch.uint8)], dim=-1)
+    else:
+        q = grouped[..., 4:] if name == "Q4_1" else grouped[..., 2:]
+        if name == "Q4_1":
+            m = grouped[..., 2:4]
+        else:
+            m16 = d.contiguous().view(torch.float16) * -8
+            if not torch.isfinite(m16).all():
+                raise ValueError("a Q4_0 scale times -8 overflows float16")
+            m = m16.view(torch.uint8)
+        head = torch.cat([d, m], dim=-1)
+    # head: [.., 16 rows, 4] -> two runs of 16 values; q: [.., 16 rows, chunks, 4] -> chunk-major
+    g, b = grouped.shape[0], nb
+    head = head.reshape(g, b, INTERLEAVED_ROWS, 2, 2).permute(0, 1, 3, 2, 4)
+    body = q.reshape(g, b, INTERLEAVED_ROWS, -1, 4).permute(0, 1, 3, 2, 4)
+    out = torch.cat([head.reshape(g, b, -1), body.reshape(g, b, -1)], dim=-1)
+    new = INTERLEAVED_OF[name]
+    return out.reshape(rows, -1).contiguous(), new
+
+
+def deinterleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
+    """An interleaved tensor's blocks row-major again (`[out_features, row_bytes]`), and their
+    format (a Q4_0 weight comes back as Q4_1 with m = -8 d: the same values)."""
+    base = INTERLEAVED_BASE[name]
+    rows, fmt = blocks.shape[0], block_format(name)
+    nb = blocks.shape[1] // fmt.block_bytes
+    g = rows // INTERLEAVED_ROWS
+    flat = blocks.reshape(g, nb, INTERLEAVED_ROWS * fmt.block_bytes)
+    head = flat[..., : 4 * INTERLEAVED_ROWS].reshape(g, nb, 2, INTERLEAVED_ROWS, 2)
+    head = head.permute(0, 1, 3, 2, 4).reshape(g, nb, INTERLEAVED_ROWS, 4)
+    body = flat[..., 4 * INTERLEAVED_ROWS :].reshape(g, nb, -1, INTERLEAVED_ROWS, 4)
+    body = body.permute(0, 1, 3, 2, 4).reshape(g, nb, INTERLEAVED_ROWS, -1)
+    if base == "Q8_0":
+        head = head[..., 0:2]  # the sums are derived
+    row = torch.cat([head, body], dim=-1)  # [groups, blocks, 16 rows, base bytes]
+    return row.transpose(1, 2).reshape(rows, -1).contiguous(), base
+
+
+def select_rows(blocks: torch.Tensor, name: str, ids: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """Rows `ids` of a weight in blocks, row-major, and their format (the groups of an
+    interleaved weight that hold them are deinterleaved, only those)."""
+    if name not in INTERLEAVED:
+        return blocks.index_select(0, ids), name
+    group_bytes = INTERLEAVED_ROWS * blocks.shape[1]
+    groups = blocks.reshape(-1, group_bytes).index_select(0, ids // INTERLEAVED_ROWS)
+    rows, base = deinterleave(groups.reshape(-1, blocks.shape[1]), name)
+    picked = rows.reshape(len(ids), INTERLEAVED_ROWS, -1)[
+        torch.arange(len(ids)), ids % INTERLEAVED_ROWS
+    ]
+    return picked, base
 
 
 def row_bytes(name: str, in_features: int) -> int:
@@ -137,6 +230,8 @@ def dequantize(blocks: torch.Tensor, name: str) -> torch.Tensor:
             f"{name} blocks must be a [rows, k * {fmt.block_bytes}] uint8 tensor, got "
             f"{tuple(blocks.shape)} {blocks.dtype}"
         )
+    if name in INTERLEAVED:
+        return dequantize(*deinterleave(blocks, name))
     rows = blocks.shape[0]
     flat = blocks.reshape(-1, fmt.block_bytes)
     return _dequantize_blocks(flat, name).reshape(rows, -1)
@@ -194,6 +289,8 @@ def quantized_linear_int8(
     """x W^T with x as int8 activations (quantize_activations): per 32-block d_w d_x sum(q_w q_x)
     + m_w d_x sum(q_x), the integer sums exact and the rest in float64 (the C++ kernel's
     int8_activations computes the same in float32)."""
+    if name in INTERLEAVED:
+        return quantized_linear_int8(x, *deinterleave(blocks, name))
     if name not in INT8_FORMATS:
         raise ValueError(f"int8 activations multiply {', '.join(INT8_FORMATS)}, not {name}")
     qx, dx = quantize_activations(x)
@@ -248,4 +345,4 @@ def quantized_embedding(
     dtype: torch.dtype,
 ) -> torch.Tensor:  # [num_tokens, hidden]
     """The rows `ids` of the table, dequantized (only those rows) and cast to `dtype`."""
-    return dequantize(blocks.index_select(0, ids), name).to(dtype)
+    return dequantize(*select_rows(blocks, name, ids)).to(dtype)

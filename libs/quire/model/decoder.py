@@ -19,7 +19,13 @@ from quire.model.attention import AttentionMetadata, KVCache, PagedAttention
 from quire.model.layers import Attention, CheckpointTensors
 from quire.model.linear import LayerShapes, head_backend, linear_backend
 from quire.model.model_config import ModelConfig
-from quire.model.quantized_linear import Weight, embedding, make_linear
+from quire.model.quantized_linear import (
+    QuantizedLinear,
+    QuantizedTensor,
+    Weight,
+    embedding,
+    make_linear,
+)
 from quire.model.rope import RotaryEmbedding
 
 
@@ -95,6 +101,12 @@ class DecoderModel:
             lm_head = take.weight("lm_head.weight")
         take.finish()
         self.lm_head = make_linear(lm_head, None, head_backend(lm_head.dtype, device))
+        if config.tie_word_embeddings and isinstance(self.lm_head, QuantizedLinear):
+            # one copy of a tied table: the head's (make_linear may have interleaved it; the
+            # embedding reads either layout)
+            (head,) = self.lm_head.parts
+            assert isinstance(head, QuantizedTensor), "a quantized table stays in blocks"
+            self.embed = head
 
     def linear_shapes(self) -> LayerShapes:
         """One decoder layer's qkv, o, gate_up, down: what the `auto` backend is timed on."""

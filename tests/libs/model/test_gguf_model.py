@@ -14,8 +14,9 @@ from transformers import AutoModelForCausalLM
 from quire import LLM, SamplingParams
 from quire.config import EngineConfig
 from quire.engine.loading import load_engine_model
+from quire.kernels import cpp_quantized, reference_quantized
 from quire.model.checkpoint import checkpoint_problem, load_model_config, load_tokenizer
-from quire.model.quantized_linear import QuantizedLinear
+from quire.model.quantized_linear import QuantizedLinear, QuantizedTensor, embedding
 from quire.model.resident import resident_bytes
 from tests.checkpoints import REPO, tiny_checkpoint
 from tests.libs.engine.conftest import Reference, assert_matches_reference
@@ -85,7 +86,10 @@ def test_weights_stay_in_blocks(ggufs: dict[str, Path]) -> None:
     loaded = load_engine_model(EngineConfig(model=str(path), dtype="float32"))
     layer = loaded.model.layers[0]
     assert isinstance(layer.attention.qkv, QuantizedLinear)
-    assert [p.quant for p in layer.attention.qkv.parts] == ["Q4_1"]  # q, k, v rows end to end
+    # q, k, v rows end to end; interleaved for the int8 kernel where the CPU has AVX512_VNNI
+    interleaved = cpp_quantized.supports("Q4_1x16", torch.float32)
+    expected = "Q4_1x16" if interleaved else "Q4_1"
+    assert [p.quant for p in layer.attention.qkv.parts] == [expected]
     assert isinstance(loaded.model.lm_head, QuantizedLinear)  # untied: output.weight, Q4_1
     # every weight in blocks: what the model holds is the file's tensors, plus rotary tables
     rotary = resident_bytes(loaded.model.rotary)
@@ -161,3 +165,32 @@ def test_int8_activations_keep_smollm2_near_transformers(smollm2_gguf: Path) -> 
     error = torch.cat(errors)
     assert error.mean() < 0.1 and error.max() < 0.5, error.tolist()
     assert error.max() > 0, "int8 activations should not be exact"
+
+
+def test_interleaved_weights_give_the_row_major_ones_values(ggufs: dict[str, Path]) -> None:
+    """Where the CPU has AVX512_VNNI, a model with int8 activations holds its 32-weight blocks
+    interleaved (quantized_linear.interleaved), the tied table once: its embedding rows are the
+    row-major table's, its LM head's products theirs up to float32 sums in another order."""
+    if not cpp_quantized.supports("Q8_0x16", torch.float32):
+        pytest.skip("needs AVX512_VNNI: the interleaved layout's kernel")
+    path = ggufs["Q8_0"]
+    model = load_engine_model(EngineConfig(model=str(path), dtype="float32")).model
+    (head,) = model.lm_head.parts
+    assert head.quant == "Q8_0x16"
+    # a tied table is held once (SmolLM2's: test_packaged_smollm2_q4_1_serves_as_it_is bounds
+    # its resident bytes); an untied embedding table stays as the file holds it
+    assert (
+        (model.embed is head) if model.config.tie_word_embeddings else model.embed.quant == "Q8_0"
+    )
+    blocks, quant = reference_quantized.deinterleave(head.blocks, head.quant)
+    row_major = QuantizedTensor(quant, blocks, head.in_features, head.dtype, True)
+    ids = torch.tensor([5, 17, 3, 250, 9, 1, 5])
+    assert torch.equal(embedding(ids, head), embedding(ids, row_major))
+    hidden = torch.randn(3, head.in_features, generator=torch.Generator().manual_seed(0))
+    got = model.lm_head(hidden)
+    expected = QuantizedLinear([row_major], None)(hidden)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    float_only = load_engine_model(
+        EngineConfig(model=str(path), dtype="float32", quantized_activations="float32")
+    ).model
+    assert float_only.lm_head.parts[0].quant == "Q8_0"  # the layout's only fast road is int8

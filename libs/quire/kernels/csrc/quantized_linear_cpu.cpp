@@ -122,6 +122,12 @@ constexpr int64_t kRowsPerPass = 1;
 // min, w = d * (q - z), as AWQ and asymmetric GPTQ checkpoints quantize.
 constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
 constexpr int64_t kQ4_Z = 1000;
+// The row-interleaved layouts (reference_quantized.INTERLEAVED): 16 rows of W block by block,
+// multiplied by x16_linear on a CPU with AVX512_VNNI.
+constexpr int64_t kQ8_0x16 = 1001, kQ4_1x16 = 1002;
+constexpr int64_t kGroupRows = 16;  // rows of W per interleaved group
+
+constexpr bool is_interleaved(int64_t type) { return type == kQ8_0x16 || type == kQ4_1x16; }
 
 // The 32-weight formats: their blocks meet x block by block (direct and int8 paths).
 constexpr bool is_small_block(int64_t type) {
@@ -151,6 +157,8 @@ bool format_of(int64_t type, Format* out) {
     case kQ4_1: *out = {32, 20}; return true;
     case kQ4_Z: *out = {32, 20}; return true;
     case kQ8_0: *out = {32, 34}; return true;
+    case kQ8_0x16: *out = {32, 36}; return true;  // per row: a group's 576 bytes over 16
+    case kQ4_1x16: *out = {32, 20}; return true;  // 320 over 16
     case kQ4_K: *out = {256, 144}; return true;
     case kQ5_K: *out = {256, 176}; return true;
     case kQ6_K: *out = {256, 210}; return true;
@@ -602,8 +610,162 @@ void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_ro
 }
 #endif
 
+#if defined(__AVX512F__)
+// Interleaved weights (Q8_0x16, Q4_1x16: reference_quantized.INTERLEAVED) against int8
+// activations, with AVX512_VNNI's vpdpbusd: one instruction multiplies 4 consecutive inputs of
+// 16 rows of W by the same 4 inputs of x (broadcast) and adds each row's 4 products into its
+// int32 lane. A 32-weight block of 16 rows is 8 of them, its scales 16 float16 lanes loaded as
+// one vector: each lane of the float accumulator is one output column, and the 16 outputs of a
+// group are stored at once with no horizontal sum. vpdpbusd multiplies unsigned by signed
+// bytes: Q4_1x16's nibbles are the unsigned side; Q8_0x16's weights are signed, so x goes in as
+// q + 128 (unsigned) and 128 times the block's stored sum of weights is taken off the integer
+// dot. Per block: d_w d_x sum(q_w q_x) (+ m_w s_x for Q4_1x16), as int8_linear.
+
+inline bool has_avx512_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+
+template <int64_t kType>
+constexpr int64_t kGroupBlockBytes = kType == kQ8_0x16 ? 576 : 320;
+
+// out[r * out_stride + j], j < 16: rows first .. first + kRows - 1 of x against the group of 16
+// rows of W at `group` (its blocks one after another).
+template <int64_t kType, int kRows>
+__attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const Int8Rows& x,
+                                                   const uint8_t* xu, int64_t first, float* out,
+                                                   int64_t out_stride) {
+  __m512 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
+  for (int64_t i = 0; i < x.num_blocks; ++i) {
+    const uint8_t* b = group + i * kGroupBlockBytes<kType>;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+    const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
+    __m512i w[8];
+    if constexpr (kType == kQ4_1x16) {
+      for (int t = 0; t < 4; ++t) {
+        const __m512i raw = _mm512_loadu_si512(b + 64 + 64 * t);
+        w[t] = _mm512_and_si512(raw, low_nibbles);                             // inputs 4t..
+        w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles);  // 16 + 4t..
+      }
+    } else {
+      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(b + 64 + 64 * t);
+    }
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = first + r;
+      const int64_t at = row * x.num_blocks + i;
+      // x's 32 inputs of this block as 8 runs of 4 bytes (q, or q + 128 for Q8_0x16)
+      const uint8_t* xb = (kType == kQ8_0x16 ? xu : reinterpret_cast<const uint8_t*>(x.q)) +
+                          row * x.k_dim + 32 * i;
+      int32_t runs[8];
+      std::memcpy(runs, xb, 32);
+      __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+      for (int t = 0; t < 8; t += 2) {
+        const __m512i x0 = _mm512_set1_epi32(runs[t]), x1 = _mm512_set1_epi32(runs[t + 1]);
+        if constexpr (kType == kQ4_1x16) {
+          s0 = _mm512_dpbusd_epi32(s0, w[t], x0);
+          s1 = _mm512_dpbusd_epi32(s1, w[t + 1], x1);
+        } else {
+          s0 = _mm512_dpbusd_epi32(s0, x0, w[t]);
+          s1 = _mm512_dpbusd_epi32(s1, x1, w[t + 1]);
+        }
+      }
+      __m512i dot = _mm512_add_epi32(s0, s1);
+      if constexpr (kType == kQ8_0x16) {
+        dot = _mm512_sub_epi32(dot, _mm512_slli_epi32(_mm512_cvtepi16_epi32(second), 7));
+      }
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
+      if constexpr (kType == kQ4_1x16) {
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(second), _mm512_set1_ps(x.s[at]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r) _mm512_storeu_ps(out + r * out_stride, acc[r]);
+}
+
+template <int64_t kType, int kRows = kInt8Rows>
+void x16_rows(int64_t num_rows, const uint8_t* group, const Int8Rows& x, const uint8_t* xu,
+              int64_t first, float* out, int64_t out_stride) {
+  if constexpr (kRows > 0) {
+    if (num_rows == kRows) return x16_dot<kType, kRows>(group, x, xu, first, out, out_stride);
+    x16_rows<kType, kRows - 1>(num_rows, group, x, xu, first, out, out_stride);
+  }
+}
+
+void x16_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_rows,
+                const uint8_t* blocks, int64_t row_bytes, int64_t num_blocks, int64_t n_dim,
+                float* out) {
+  const int64_t k_dim = 32 * num_blocks;
+  std::vector<int8_t> q(num_rows * k_dim);
+  std::vector<float> d(num_rows * num_blocks), s(num_rows * num_blocks);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    quantize_row_int8(xs + r * x_stride, num_blocks, q.data() + r * k_dim,
+                      d.data() + r * num_blocks, s.data() + r * num_blocks);
+  }
+  std::vector<uint8_t> u;
+  if (type == kQ8_0x16) {
+    u.resize(q.size());
+    for (size_t j = 0; j < q.size(); ++j) u[j] = static_cast<uint8_t>(q[j]) ^ 0x80;  // q + 128
+  }
+  const Int8Rows x{q.data(), d.data(), s.data(), k_dim, num_blocks};
+  const int64_t groups = n_dim / kGroupRows;
+  const int64_t threads = at::get_num_threads();
+  const int64_t grain = std::max<int64_t>(1, (groups + threads - 1) / threads);
+  at::parallel_for(0, groups, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const uint8_t* group = blocks + g * kGroupRows * row_bytes;
+      for (int64_t first = 0; first < num_rows; first += kInt8Rows) {
+        const int64_t rows = std::min<int64_t>(kInt8Rows, num_rows - first);
+        float* o = out + first * n_dim + g * kGroupRows;
+        if (type == kQ8_0x16) {
+          x16_rows<kQ8_0x16>(rows, group, x, u.data(), first, o, n_dim);
+        } else {
+          x16_rows<kQ4_1x16>(rows, group, x, nullptr, first, o, n_dim);
+        }
+      }
+    }
+  });
+}
+
+// An interleaved group's 16 rows as float32 (out[r * k_dim + k]): the oracle's values.
+void dequantize_group(int64_t type, const uint8_t* group, int64_t num_blocks, float* out,
+                      int64_t k_dim) {
+  for (int64_t i = 0; i < num_blocks; ++i) {
+    const uint8_t* b = group + i * (type == kQ8_0x16 ? 576 : 320);
+    for (int64_t r = 0; r < kGroupRows; ++r) {
+      const float d = f16(b + 2 * r);
+      float* o = out + r * k_dim + 32 * i;
+      const uint8_t* qs = b + 64 + 4 * r;  // chunk t's bytes of row r at qs + 64 t
+      if (type == kQ8_0x16) {
+        for (int t = 0; t < 8; ++t) {
+          for (int p = 0; p < 4; ++p) o[4 * t + p] = d * static_cast<int8_t>(qs[64 * t + p]);
+        }
+      } else {
+        const float m = f16(b + 32 + 2 * r);
+        for (int t = 0; t < 4; ++t) {
+          for (int p = 0; p < 4; ++p) {
+            const uint8_t byte = qs[64 * t + p];
+            o[4 * t + p] = d * static_cast<float>(byte & 0x0F) + m;
+            o[16 + 4 * t + p] = d * static_cast<float>(byte >> 4) + m;
+          }
+        }
+      }
+    }
+  }
+}
+#endif
+
 bool supported(int64_t type) {
   Format format;
+  if (is_interleaved(type)) {
+#if defined(__AVX512F__)
+    return has_avx512_vnni();
+#else
+    return false;
+#endif
+  }
 #if defined(QUIRE_QUANTIZED_VECTOR)
   return format_of(type, &format);
 #else
@@ -635,8 +797,35 @@ at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& blocks, int64
                     "blocks must be a contiguous uint8 [out_features, ", num_blocks * format.block_bytes,
                     "] tensor for in_features ", k_dim);
   const int64_t n_dim = blocks.size(0);
+  TORCH_CHECK_VALUE(!is_interleaved(type) || n_dim % kGroupRows == 0,
+                    "interleaved blocks hold rows in 16s, not ", n_dim);
   at::Tensor out = at::empty({num_rows, n_dim}, x.options());
   if (num_rows == 0 || n_dim == 0) return out;
+#if defined(__AVX512F__)
+  if (is_interleaved(type)) {
+    const int64_t row_bytes = blocks.size(1);
+    const uint8_t* ws = blocks.data_ptr<uint8_t>();
+    if (int8_activations && num_rows < kInt8MaxRows) {
+      x16_linear(type, x.data_ptr<float>(), x.stride(0), num_rows, ws, row_bytes, num_blocks,
+                 n_dim, out.data_ptr<float>());
+      return out;
+    }
+    // float32 activations: panels of W dequantized and multiplied by torch's GEMM, any rows
+    at::Tensor panel = at::empty({std::min(kGemmPanelRows, n_dim), k_dim}, x.options());
+    float* ps = panel.data_ptr<float>();
+    for (int64_t first = 0; first < n_dim; first += kGemmPanelRows) {
+      const int64_t rows = std::min(kGemmPanelRows, n_dim - first);
+      at::parallel_for(0, rows / kGroupRows, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t g = begin; g < end; ++g) {
+          dequantize_group(type, ws + (first + g * kGroupRows) * row_bytes, num_blocks,
+                           ps + g * kGroupRows * k_dim, k_dim);
+        }
+      });
+      out.slice(1, first, first + rows).copy_(at::mm(x, panel.narrow(0, 0, rows).t()));
+    }
+    return out;
+  }
+#endif
 #if defined(QUIRE_QUANTIZED_VECTOR)
   const int64_t row_bytes = blocks.size(1);
   if (int8_activations && takes_int8(type, num_rows)) {
