@@ -14,12 +14,13 @@ step's `StepStats` and deltas, never from the engine's queues.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import structlog
 import torch
@@ -69,8 +70,50 @@ class _Timing:
     last_token_at: float | None = None
 
 
+class EngineThread:
+    """The one thread an engine is built on and steps on, running what is submitted in order.
+
+    OpenMP (torch's intra-op threads, and Quire's C++ kernels) keeps a pool of worker threads
+    for each thread that starts parallel work, for that thread's life. With two such pools
+    alive on a machine with few cores, libgomp stops letting its workers wait busily between
+    parallel regions: each region of a decode step then waits for a worker to wake from the
+    kernel, which on two cores doubled a lone request's step. So the executor builds its
+    engine (whose loading and tuning run parallel work) on the thread that will step it, and
+    no other thread of the process runs torch's parallel work.
+    """
+
+    def __init__(self, name: str = "engine-loop") -> None:
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` on the thread after what was submitted before; its result in a Future."""
+        future: Future[T] = Future()
+        self._queue.put((fn, future))
+        return future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Let the thread finish what was submitted, then end; wait up to `timeout`."""
+        self._queue.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+
 class EngineLoop:
-    """Runs `engine.step()` in its own thread while there is work."""
+    """Runs `engine.step()` on its engine thread while there is work."""
 
     def __init__(
         self,
@@ -82,6 +125,7 @@ class EngineLoop:
         request_ids: RequestIds | None = None,
         cores: CoreShare | None = None,
         threads: int | None = None,
+        thread: EngineThread | None = None,
     ) -> None:
         """`on_step_error` is called on the loop thread after a failed step has dropped
         every request (the server decides whether the error is fatal). `request_ids` maps
@@ -103,7 +147,9 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        # the thread the engine was built on (EngineThread), else one of the loop's own
+        self._thread = thread if thread is not None else EngineThread()
+        self._running: Future[None] | None = None
         # Owned by the loop thread only:
         self._sinks: dict[str, Sink] = {}
         self._timings: dict[str, _Timing] = {}
@@ -114,7 +160,7 @@ class EngineLoop:
 
     def start(self) -> None:
         self._refresh_load()
-        self._thread.start()
+        self._running = self._thread.submit(self._run)
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the loop thread before the next step; its result or error in a Future."""
@@ -177,8 +223,7 @@ class EngineLoop:
         with self._cond:
             self._stopping = True
             self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._thread.close(timeout)
 
     # --- loop thread -----------------------------------------------------------------------
 

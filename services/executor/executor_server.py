@@ -28,7 +28,7 @@ from services.common import tls
 from services.common.epochs import StaleEpochError
 from services.executor import allocator_factory as alloc
 from services.executor.core_share import CoreShare
-from services.executor.engine_loop import EngineLoop
+from services.executor.engine_loop import EngineLoop, EngineThread
 from services.executor.executor_logging import RequestIds, bind_global
 from services.executor.executor_metrics import ExecutorMetrics
 from services.executor.executor_servicer import ExecutorIdentity, ExecutorServicer
@@ -100,10 +100,19 @@ class ExecutorServer:
             torch_threads=torch.get_num_threads(),
         )
         self.metrics = ExecutorMetrics(identity.model)
-        engine = await asyncio.to_thread(self._build_engine, identity)
-        self.engine = engine
-        if self.stopping or not await alloc.register(engine.allocator, lambda: self.stopping):
-            return False
+        # Built on the thread that will step it (EngineThread says why).
+        engine_thread = EngineThread()
+        try:
+            engine = await asyncio.wrap_future(
+                engine_thread.submit(lambda: self._build_engine(identity))
+            )
+            self.engine = engine
+            if self.stopping or not await alloc.register(engine.allocator, lambda: self.stopping):
+                engine_thread.close()
+                return False
+        except BaseException:
+            engine_thread.close()
+            raise
 
         def on_step_error(exc: Exception) -> None:  # on the engine thread
             event_loop.call_soon_threadsafe(self._on_step_error, exc)
@@ -130,6 +139,7 @@ class ExecutorServer:
             request_ids=self.request_ids,
             cores=cores,
             threads=s.torch_threads or None,
+            thread=engine_thread,
         )
         self.loop.start()
         self.servicer = ExecutorServicer(

@@ -222,10 +222,15 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """A peer copies blocks pinned here for it (services/executor/block_reads.py)."""
         engine = self.loop.engine
         try:
-            # One hop off the event loop for the whole read (copies, checksums).
-            messages = await asyncio.to_thread(
-                read_blocks, engine.runner.kv, engine.allocator, request
+            # On the engine thread, between steps (copies and checksums off the event loop, and
+            # no second thread running torch's parallel work: engine_loop.EngineThread)
+            read = self.loop.submit(
+                lambda: read_blocks(engine.runner.kv, engine.allocator, request)
             )
+        except RuntimeError:  # the loop stopped: this executor is going away
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the executor is stopping")
+        try:
+            messages = await asyncio.wrap_future(read)
         except ReadRefused as exc:
             code = grpc.StatusCode.FAILED_PRECONDITION
             if not exc.precondition:

@@ -14,7 +14,7 @@ import torch
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.sampling_params import SamplingParams
-from services.executor.engine_loop import EngineLoop
+from services.executor.engine_loop import EngineLoop, EngineThread
 
 TINY = Path(__file__).resolve().parents[3] / "models" / "quire-tiny"
 
@@ -87,3 +87,35 @@ def test_an_idle_loop_takes_its_load_again(engine: LLMEngine) -> None:
     finally:
         loop.stop(10)
         del engine.stats
+
+
+def test_the_engine_is_built_and_stepped_on_one_thread() -> None:
+    """An engine built on an EngineThread steps on that very thread (and the loop's commands
+    run there too), so one thread of the process runs torch's parallel work."""
+    thread = EngineThread()
+    built = thread.submit(
+        lambda: (threading.get_ident(), LLMEngine(EngineConfig(model=str(TINY), num_kv_blocks=64)))
+    )
+    builder, engine = built.result(60)
+    stepped: list[int] = []
+    step = engine.step
+
+    def recording_step():  # type: ignore[no-untyped-def]
+        stepped.append(threading.get_ident())
+        return step()
+
+    engine.step = recording_step  # type: ignore[method-assign]
+    done = threading.Event()
+    loop = EngineLoop(engine, thread=thread)
+    loop.start()
+    try:
+        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+        loop.add("r", [5, 6, 7], params, lambda d: d is not None and d.finished and done.set())
+        assert done.wait(30)
+        assert loop.submit(threading.get_ident).result(10) == builder
+    finally:
+        loop.stop(10)
+    assert stepped and set(stepped) == {builder} and builder != threading.get_ident()
+    # stopping ends the thread: nothing more runs on it
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.submit(lambda: None)
