@@ -27,4 +27,8 @@ def test_every_matmul_and_mode_is_timed(tmp_path: Path) -> None:
     assert points == {(m, n) for m in ("qkv", "o", "gate_up", "down", "lm_head") for n in (1, 48)}
     assert {r["format"] for r in report["rows"] if r["matmul"] != "lm_head"} == {"Q4_1"}
     assert all(r["float32_us"] > 0 and r["int8_us"] > 0 for r in report["rows"])
+    # the interleaved layout, timed where this CPU multiplies it (AVX512_VNNI)
+    packed = [r for r in report["rows"] if "x16_us" in r]
+    assert bool(packed) == cpp_quantized.supports("Q4_1x16", torch.float32)
+    assert all(r["x16_us"] > 0 and r["x16_format"] in ("Q4_1x16", "Q8_0x16") for r in packed)
     assert json.loads(out.read_text()) == report

@@ -24,6 +24,7 @@ Layouts (ggml's `block_*` structs; d, dmin and m are float16):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -142,18 +143,31 @@ def deinterleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
     return row.transpose(1, 2).reshape(rows, -1).contiguous(), base
 
 
+@functools.cache
+def _row_gather(name: str, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where row 0 of a 16-row group of `name` keeps each byte of its row-major row (offsets
+    in the group), and how far row r's byte lies from row 0's per r: a row's row-major bytes
+    are group[at + r * step]."""
+    fmt, base = block_format(name), INTERLEAVED_BASE[name]
+    group_block = INTERLEAVED_ROWS * fmt.block_bytes
+    head = [0, 1] if base == "Q8_0" else [0, 1, 32, 33]  # d (and m): 2 bytes a row
+    runs = 32 if base == "Q8_0" else 16  # bytes of integers a row
+    body = [64 + 64 * (j // 4) + j % 4 for j in range(runs)]  # 4 bytes a row in each chunk
+    at = [b * group_block + o for b in range(num_blocks) for o in head + body]
+    step = [2] * len(head) + [4] * runs
+    return torch.tensor(at), torch.tensor(step * num_blocks)
+
+
 def select_rows(blocks: torch.Tensor, name: str, ids: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """Rows `ids` of a weight in blocks, row-major, and their format (the groups of an
-    interleaved weight that hold them are deinterleaved, only those)."""
+    """Rows `ids` of a weight in blocks, row-major, and their format (an interleaved weight's
+    rows gathered byte by byte from their groups)."""
     if name not in INTERLEAVED:
         return blocks.index_select(0, ids), name
     group_bytes = INTERLEAVED_ROWS * blocks.shape[1]
-    groups = blocks.reshape(-1, group_bytes).index_select(0, ids // INTERLEAVED_ROWS)
-    rows, base = deinterleave(groups.reshape(-1, blocks.shape[1]), name)
-    picked = rows.reshape(len(ids), INTERLEAVED_ROWS, -1)[
-        torch.arange(len(ids)), ids % INTERLEAVED_ROWS
-    ]
-    return picked, base
+    at, step = _row_gather(name, blocks.shape[1] // block_format(name).block_bytes)
+    lane = (ids % INTERLEAVED_ROWS).unsqueeze(1)
+    index = (ids // INTERLEAVED_ROWS * group_bytes).unsqueeze(1) + at + lane * step
+    return blocks.reshape(-1).take(index.to(blocks.device)), INTERLEAVED_BASE[name]
 
 
 def row_bytes(name: str, in_features: int) -> int:
