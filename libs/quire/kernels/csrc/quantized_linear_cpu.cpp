@@ -469,6 +469,24 @@ void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, 
   }
 }
 
+// num_rows rows of x (x_stride apart) quantized by quantize_row_int8, and their Int8Rows.
+struct Int8Activations {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+  Int8Rows rows;
+
+  Int8Activations(const float* xs, int64_t x_stride, int64_t num_rows, int64_t num_blocks)
+      : q(num_rows * 32 * num_blocks),
+        d(num_rows * num_blocks),
+        s(num_rows * num_blocks),
+        rows{q.data(), d.data(), s.data(), 32 * num_blocks, num_blocks} {
+    for (int64_t r = 0; r < num_rows; ++r) {
+      quantize_row_int8(xs + r * x_stride, num_blocks, q.data() + r * rows.k_dim,
+                        d.data() + r * num_blocks, s.data() + r * num_blocks);
+    }
+  }
+};
+
 // out[r * out_stride + c] = row c of W . row first + r of x, for kRows rows of x starting at
 // row `first` and kCols rows of W starting at `row`, row_bytes apart: kRows * kCols sums in
 // flight, each weight block expanded once per pass and each block of x loaded once.
@@ -565,14 +583,8 @@ bool takes_int8(int64_t type, int64_t num_rows) {
 void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_rows,
                  const uint8_t* blocks, int64_t row_bytes, int64_t num_blocks, int64_t n_dim,
                  float* out) {
-  const int64_t k_dim = 32 * num_blocks;
-  std::vector<int8_t> q(num_rows * k_dim);
-  std::vector<float> d(num_rows * num_blocks), s(num_rows * num_blocks);
-  for (int64_t r = 0; r < num_rows; ++r) {
-    quantize_row_int8(xs + r * x_stride, num_blocks, q.data() + r * k_dim,
-                      d.data() + r * num_blocks, s.data() + r * num_blocks);
-  }
-  const Int8Rows x{q.data(), d.data(), s.data(), k_dim, num_blocks};
+  const Int8Activations activations(xs, x_stride, num_rows, num_blocks);
+  const Int8Rows& x = activations.rows;
   const int64_t threads = at::get_num_threads();
   if (num_rows < kInt8Rows) {
     const int64_t groups = (n_dim + kInt8Group - 1) / kInt8Group;
@@ -697,19 +709,14 @@ void x16_rows(int64_t num_rows, const uint8_t* group, const Int8Rows& x, const u
 void x16_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_rows,
                 const uint8_t* blocks, int64_t row_bytes, int64_t num_blocks, int64_t n_dim,
                 float* out) {
-  const int64_t k_dim = 32 * num_blocks;
-  std::vector<int8_t> q(num_rows * k_dim);
-  std::vector<float> d(num_rows * num_blocks), s(num_rows * num_blocks);
-  for (int64_t r = 0; r < num_rows; ++r) {
-    quantize_row_int8(xs + r * x_stride, num_blocks, q.data() + r * k_dim,
-                      d.data() + r * num_blocks, s.data() + r * num_blocks);
-  }
+  const Int8Activations activations(xs, x_stride, num_rows, num_blocks);
+  const Int8Rows& x = activations.rows;
+  const std::vector<int8_t>& q = activations.q;
   std::vector<uint8_t> u;
   if (type == kQ8_0x16) {
     u.resize(q.size());
     for (size_t j = 0; j < q.size(); ++j) u[j] = static_cast<uint8_t>(q[j]) ^ 0x80;  // q + 128
   }
-  const Int8Rows x{q.data(), d.data(), s.data(), k_dim, num_blocks};
   const int64_t groups = n_dim / kGroupRows;
   const int64_t threads = at::get_num_threads();
   const int64_t grain = std::max<int64_t>(1, (groups + threads - 1) / threads);
