@@ -70,6 +70,16 @@ class _Timing:
     last_token_at: float | None = None
 
 
+def _resolve(fn: Callable[[], T], future: Future[T]) -> None:
+    """Run `fn` into `future` (its result or error), unless the future was cancelled."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except BaseException as exc:
+        future.set_exception(exc)
+
+
 class EngineThread:
     """The one thread an engine is built on and steps on, running what is submitted in order.
 
@@ -77,9 +87,9 @@ class EngineThread:
     for each thread that starts parallel work, for that thread's life. With two such pools
     alive on a machine with few cores, libgomp stops letting its workers wait busily between
     parallel regions: each region of a decode step then waits for a worker to wake from the
-    kernel, which on two cores doubled a lone request's step. So the executor builds its
-    engine (whose loading and tuning run parallel work) on the thread that will step it, and
-    no other thread of the process runs torch's parallel work.
+    kernel (docs/benchmarks.md, "Interleaved blocks and one engine thread"). So the executor
+    builds its engine (whose loading and tuning run parallel work) on the thread that will
+    step it, and no other thread of the process runs torch's parallel work.
     """
 
     def __init__(self, name: str = "engine-loop") -> None:
@@ -103,13 +113,7 @@ class EngineThread:
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
-            fn, future = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
+            _resolve(*item)
 
 
 class EngineLoop:
@@ -149,7 +153,6 @@ class EngineLoop:
         self._stopping = False
         # the thread the engine was built on (EngineThread), else one of the loop's own
         self._thread = thread if thread is not None else EngineThread()
-        self._running: Future[None] | None = None
         # Owned by the loop thread only:
         self._sinks: dict[str, Sink] = {}
         self._timings: dict[str, _Timing] = {}
@@ -160,24 +163,15 @@ class EngineLoop:
 
     def start(self) -> None:
         self._refresh_load()
-        self._running = self._thread.submit(self._run)
+        self._thread.submit(self._run)
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         """Run `fn` on the loop thread before the next step; its result or error in a Future."""
         future: Future[T] = Future()
-
-        def command() -> None:
-            if not future.set_running_or_notify_cancel():
-                return
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine loop is stopped")
-            self._commands.append(command)
+            self._commands.append(lambda: _resolve(fn, future))
             self._cond.notify()
         return future
 

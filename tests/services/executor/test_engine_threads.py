@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,34 +26,35 @@ def engine() -> Iterator[LLMEngine]:
     torch.set_num_threads(threads)
 
 
-def threads_of_each_step(engine: LLMEngine, threads: int | None) -> list[int]:
-    """Run one short request on a loop given `threads`, after something on the loop's thread
-    set torch's count to 1; the count each step ran with."""
+def each_step(engine: LLMEngine, loop: EngineLoop, record: Callable[[], int]) -> list[int]:
+    """Run one short request on the started `loop`, then stop it; `record()` taken as each
+    step begins."""
     seen: list[int] = []
     step = engine.step
 
-    def counting_step():  # type: ignore[no-untyped-def]
-        seen.append(torch.get_num_threads())
+    def recording_step():  # type: ignore[no-untyped-def]
+        seen.append(record())
         return step()
 
-    engine.step = counting_step  # type: ignore[method-assign]
+    engine.step = recording_step  # type: ignore[method-assign]
     done = threading.Event()
-    loop = EngineLoop(engine, threads=threads)
-    loop.start()
     try:
-        loop.submit(lambda: torch.set_num_threads(1)).result(10)
         params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-
-        def sink(delta):  # type: ignore[no-untyped-def]
-            if delta is not None and delta.finished:
-                done.set()
-
-        loop.add("r", [5, 6, 7], params, sink).result(10)
+        loop.add("r", [5, 6, 7], params, lambda d: d is not None and d.finished and done.set())
         assert done.wait(30)
     finally:
         loop.stop(10)
         del engine.step
     return seen
+
+
+def threads_of_each_step(engine: LLMEngine, threads: int | None) -> list[int]:
+    """Run one short request on a loop given `threads`, after something on the loop's thread
+    set torch's count to 1; the count each step ran with."""
+    loop = EngineLoop(engine, threads=threads)
+    loop.start()
+    loop.submit(lambda: torch.set_num_threads(1)).result(10)
+    return each_step(engine, loop, torch.get_num_threads)
 
 
 def test_every_step_runs_on_the_threads_given(engine: LLMEngine) -> None:
@@ -97,24 +98,10 @@ def test_the_engine_is_built_and_stepped_on_one_thread() -> None:
         lambda: (threading.get_ident(), LLMEngine(EngineConfig(model=str(TINY), num_kv_blocks=64)))
     )
     builder, engine = built.result(60)
-    stepped: list[int] = []
-    step = engine.step
-
-    def recording_step():  # type: ignore[no-untyped-def]
-        stepped.append(threading.get_ident())
-        return step()
-
-    engine.step = recording_step  # type: ignore[method-assign]
-    done = threading.Event()
     loop = EngineLoop(engine, thread=thread)
     loop.start()
-    try:
-        params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
-        loop.add("r", [5, 6, 7], params, lambda d: d is not None and d.finished and done.set())
-        assert done.wait(30)
-        assert loop.submit(threading.get_ident).result(10) == builder
-    finally:
-        loop.stop(10)
+    assert loop.submit(threading.get_ident).result(10) == builder
+    stepped = each_step(engine, loop, threading.get_ident)
     assert stepped and set(stepped) == {builder} and builder != threading.get_ident()
     # stopping ends the thread: nothing more runs on it
     with pytest.raises(RuntimeError, match="stopped"):
