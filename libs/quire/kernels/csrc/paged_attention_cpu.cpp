@@ -565,18 +565,57 @@ void softmax_context_rows(const Problem<scalar_t>& p, const Tile& tile, Scratch&
   }
 }
 
-// A one-token tile's end: its partial (a split), or each row's accumulator over its sum into
-// the output.
+// A tile's end: its partial (a split decode tile), or each row's accumulator over its sum
+// into the output.
 template <typename scalar_t>
-void finish_decode_rows(const Problem<scalar_t>& p, const Tile& tile, const Scratch& s,
-                        int head_dim) {
+void finish_rows(const Problem<scalar_t>& p, const Tile& tile, const Scratch& s, int head_dim) {
   if (tile.partial >= 0) return write_partial(p, tile, s, head_dim);
-  for (int g = 0; g < p.group_size; ++g) {
-    const float inv_sum = 1.0f / s.row_sum[g];
-    const float* acc = s.acc.data() + static_cast<int64_t>(g) * head_dim;
-    scalar_t* out = p.out + (tile.first_token * p.num_heads + tile.kv_head * p.group_size + g) *
-                                static_cast<int64_t>(head_dim);
-    for (int d = 0; d < head_dim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+  const int group = p.group_size;
+  for (int i = 0; i < tile.num_tokens; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const int row = i * group + g;
+      const float inv_sum = 1.0f / s.row_sum[row];
+      const float* acc = s.acc.data() + static_cast<int64_t>(row) * head_dim;
+      scalar_t* out = p.out + ((tile.first_token + i) * p.num_heads + tile.kv_head * group + g) *
+                                  static_cast<int64_t>(head_dim);
+      for (int d = 0; d < head_dim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+    }
+  }
+}
+
+// A block-by-block tile's start: its query rows widened and scaled into s.query (row
+// i * group + g = scale * q[token i, head kv_head * group + g]; with `copy_bf16` also copied
+// as given into s.query_bf16), accumulators 0, running max -inf and running sum 0, or each
+// head's sink (max sink, sum 1) where the tile reads from its rows' first key.
+template <typename scalar_t>
+void start_rows(const Problem<scalar_t>& p, const Tile& tile, Scratch& s, int head_dim,
+                bool copy_bf16) {
+  const int group = p.group_size;
+  const int num_rows = tile.num_tokens * group;
+  for (int i = 0; i < tile.num_tokens; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const scalar_t* q = p.query + (tile.first_token + i) * p.query_token_stride +
+                          static_cast<int64_t>(tile.kv_head * group + g) * p.query_head_stride;
+      float* row = s.query.data() + static_cast<int64_t>(i * group + g) * head_dim;
+#pragma omp simd
+      for (int d = 0; d < head_dim; ++d) row[d] = p.scale * to_float(q[d]);
+      if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+        if (copy_bf16) {
+          std::copy_n(q, head_dim,
+                      s.query_bf16.data() + static_cast<int64_t>(i * group + g) * head_dim);
+        }
+      }
+    }
+  }
+  std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
+  std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
+  std::fill_n(s.row_sum.data(), num_rows, 0.0f);
+  if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
+    // every row starts from its head's sink: a logit seen, weight exp(0) = 1, no value
+    for (int row = 0; row < num_rows; ++row) {
+      s.row_max[row] = p.sinks[tile.kv_head * group + row % group];
+      s.row_sum[row] = 1.0f;
+    }
   }
 }
 
@@ -772,7 +811,7 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
     }
   }
 
-  finish_decode_rows(p, tile, s, kHeadDim);
+  finish_rows(p, tile, s, kHeadDim);
 }
 #endif
 
@@ -984,7 +1023,182 @@ void decode_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& s
     }
   }
 
-  finish_decode_rows(p, tile, s, kHeadDim);
+  finish_rows(p, tile, s, kHeadDim);
+}
+#endif
+
+#if defined(__AVX512F__)
+// A 16 x 16 transpose in registers: afterwards r[k] holds what was lane k of r[0] .. r[15].
+// Pairs of rows interleave (ps), then pairs of pairs (pd), then 128-bit lanes twice.
+[[gnu::always_inline]] inline void transpose16(__m512 (&r)[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // r[4i + m], 128-bit lane k: rows 4i .. 4i + 3 of column 4k + m
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int i = 0; i < 2; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0x88);
+      t[8 * i + 4 + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + 4 + j], 0xDD);
+    }
+  }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0x88);
+    r[8 + j] = _mm512_shuffle_f32x4(t[j], t[8 + j], 0xDD);
+  }
+}
+
+// The bits of lanes first .. end - 1 of 16 (none when end <= first).
+inline __mmask16 lane_range(int first, int end) {
+  if (end <= first) return 0;
+  return static_cast<__mmask16>(((1u << end) - 1u) & ~((1u << first) - 1u));
+}
+
+// attend_tile for a tile of several tokens (prefill), a 16-slot block and head_dim a multiple
+// of 16, in AVX-512. Per block, the keys are transposed (and widened) once for the tile; then
+// kRows rows at a time score the block's 16 keys as one vector each (head_dim FMAs a row, each
+// key vector loaded once for the kRows rows), update their online softmax in vector registers
+// (a masked max, exp on 16 lanes, one horizontal sum) and add the weighted values into
+// accumulators that stay in registers across the block's keys, each value row loaded (widened)
+// once for the kRows rows. The same arithmetic as attend_tile's, in float32, keys and values
+// read from the same slots: none past the context.
+template <typename scalar_t, int kHeadDim>
+void prefill_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
+  static_assert(kHeadDim % 16 == 0, "head_dim must be a multiple of 16");
+  constexpr int kChunks = kHeadDim / 16;
+  // accumulators kRows x kChunks + one block's value row: within the 32 vector registers
+  constexpr int kRows = std::max(1, std::min(8, 16 / kChunks));
+  const int group = p.group_size;
+  const int num_rows = tile.num_tokens * group;
+  start_rows(p, tile, s, kHeadDim, false);
+
+  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
+  const int num_keys = tile.end();
+  const int first_block = tile.first_key / 16;
+  float* keys_t = s.keys.data();  // [kHeadDim, 16], 0 past the block's valid slots
+  for (int b = first_block, block_start = first_block * 16; block_start < num_keys;
+       block_start += 16, ++b) {
+    const int num_valid = std::min(16, num_keys - block_start);
+    const int64_t offset = table[b] * p.cache_block_stride + tile.kv_head * p.cache_head_stride;
+    const scalar_t* key_block = p.key_cache + offset;
+    const scalar_t* value_block = p.value_cache + offset;
+    if (block_start + 16 < num_keys) {
+      prefetch_rows(p.key_cache, p.value_cache,
+                    table[b + 1] * p.cache_block_stride + tile.kv_head * p.cache_head_stride,
+                    p.cache_slot_stride, std::min(16, num_keys - block_start - 16), kHeadDim);
+    }
+    for (int c = 0; c < kChunks; ++c) {
+      __m512 rows[16];
+      for (int t = 0; t < 16; ++t) {
+        rows[t] = t < num_valid ? load16(key_block + t * p.cache_slot_stride + 16 * c)
+                                : _mm512_setzero_ps();
+      }
+      transpose16(rows);
+      for (int d = 0; d < 16; ++d) _mm512_storeu_ps(keys_t + (16 * c + d) * 16, rows[d]);
+    }
+    // value rows as float32: in place, or widened once for the tile's rows
+    const float* values = nullptr;
+    int64_t value_stride = kHeadDim;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      values = value_block;
+      value_stride = p.cache_slot_stride;
+    } else {
+      for (int t = 0; t < num_valid; ++t) {
+        const scalar_t* v = value_block + t * p.cache_slot_stride;
+        for (int c = 0; c < kChunks; ++c) {
+          _mm512_storeu_ps(s.values.data() + t * kHeadDim + 16 * c, load16(v + 16 * c));
+        }
+      }
+      values = s.values.data();
+    }
+
+    for (int first = 0; first < num_rows; first += kRows) {
+      // which of the block's slots each row sees: causal, and from its window's first key
+      __mmask16 seen[kRows];
+      int max_seen = 0;
+      bool any = false;
+      for (int j = 0; j < kRows; ++j) {
+        seen[j] = 0;
+        const int row = first + j;
+        if (row >= num_rows) continue;
+        const int pos = tile.first_pos + row / group;
+        const int num_seen = std::min(num_valid, pos + 1 - block_start);
+        const int first_seen = std::max(0, first_key_of(pos, p.window) - block_start);
+        seen[j] = lane_range(first_seen, num_seen);
+        if (seen[j] != 0) {
+          any = true;
+          max_seen = std::max(max_seen, num_seen);
+        }
+      }
+      if (!any) continue;
+
+      // 1. scores: row j's 16 in one vector (rows past the tile re-read the last row)
+      const float* q_rows[kRows];
+      for (int j = 0; j < kRows; ++j) {
+        q_rows[j] = s.query.data() + static_cast<int64_t>(std::min(first + j, num_rows - 1)) *
+                                         kHeadDim;
+      }
+      __m512 scores[kRows];
+      for (int j = 0; j < kRows; ++j) scores[j] = _mm512_setzero_ps();
+      for (int d = 0; d < kHeadDim; ++d) {
+        const __m512 k = _mm512_loadu_ps(keys_t + d * 16);
+        for (int j = 0; j < kRows; ++j) {
+          scores[j] = _mm512_fmadd_ps(_mm512_set1_ps(q_rows[j][d]), k, scores[j]);
+        }
+      }
+
+      // 2. online softmax: weights exp(score - new max) on the seen slots, 0 elsewhere
+      float rescale[kRows];
+      __m512 weights[kRows];
+      for (int j = 0; j < kRows; ++j) {
+        rescale[j] = 1.0f;
+        weights[j] = _mm512_setzero_ps();
+        if (seen[j] == 0) continue;
+        const int row = first + j;
+        const float old_max = s.row_max[row];
+        const float new_max = std::max(old_max, _mm512_mask_reduce_max_ps(seen[j], scores[j]));
+        const __m512 w = _mm512_maskz_mov_ps(
+            seen[j], exp16_nonpositive(_mm512_sub_ps(scores[j], _mm512_set1_ps(new_max))));
+        weights[j] = w;
+        // 1 when the max stays; ~1e-38 on a row's first block, where acc and sum are still 0
+        rescale[j] = exp_nonpositive(old_max - new_max);
+        s.row_sum[row] = s.row_sum[row] * rescale[j] + _mm512_reduce_add_ps(w);
+        s.row_max[row] = new_max;
+      }
+
+      // 3. acc = rescale * acc + the weighted values, in registers for the block
+      __m512 acc[kRows][kChunks];
+      for (int j = 0; j < kRows; ++j) {
+        const float* a =
+            s.acc.data() + static_cast<int64_t>(std::min(first + j, num_rows - 1)) * kHeadDim;
+        const __m512 r = _mm512_set1_ps(rescale[j]);
+        for (int c = 0; c < kChunks; ++c) acc[j][c] = _mm512_mul_ps(_mm512_loadu_ps(a + 16 * c), r);
+      }
+      for (int t = 0; t < max_seen; ++t) {
+        __m512 v[kChunks];
+        for (int c = 0; c < kChunks; ++c) v[c] = _mm512_loadu_ps(values + t * value_stride + 16 * c);
+        const __m512i lane = _mm512_set1_epi32(t);
+        for (int j = 0; j < kRows; ++j) {
+          const __m512 w = _mm512_permutexvar_ps(lane, weights[j]);
+          for (int c = 0; c < kChunks; ++c) acc[j][c] = _mm512_fmadd_ps(w, v[c], acc[j][c]);
+        }
+      }
+      for (int j = 0; j < kRows && first + j < num_rows; ++j) {
+        float* a = s.acc.data() + static_cast<int64_t>(first + j) * kHeadDim;
+        for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(a + 16 * c, acc[j][c]);
+      }
+    }
+  }
+  finish_rows(p, tile, s, kHeadDim);
 }
 #endif
 
@@ -1005,6 +1219,7 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
 #if defined(__AVX512F__)
   if constexpr (kVector) {
     if (tile.num_tokens == 1) return decode_tile16_avx512<scalar_t, kHeadDim>(p, tile, s);
+    if (p.soft_cap <= 0.0f) return prefill_tile16_avx512<scalar_t, kHeadDim>(p, tile, s);
   }
 #elif defined(QUIRE_ATTENTION_AVX2)
   if constexpr (kBlockSize == 16 && kHeadDim > 0 && kHeadDim % 16 == 0) {
@@ -1012,31 +1227,9 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
   }
 #endif
 
-  // query rows, widened and scaled: s.query[i * group + g, :] = scale * q[token i, head, :]
-  for (int i = 0; i < tile.num_tokens; ++i) {
-    for (int g = 0; g < group; ++g) {
-      const scalar_t* q = p.query + (tile.first_token + i) * p.query_token_stride +
-                          static_cast<int64_t>(tile.kv_head * group + g) * p.query_head_stride;
-      float* row = s.query.data() + static_cast<int64_t>(i * group + g) * head_dim;
-#pragma omp simd
-      for (int d = 0; d < head_dim; ++d) row[d] = p.scale * to_float(q[d]);
-      if constexpr (kBf16Dot) {
-        std::copy_n(q, head_dim, s.query_bf16.data() + static_cast<int64_t>(i * group + g) * head_dim);
-      }
-    }
-  }
+  start_rows(p, tile, s, head_dim, kBf16Dot);
   // read only by the AVX-512 scoring below, which a build without AVX-512 leaves out
   [[maybe_unused]] const bool bf16_dot = kBf16Dot && !transpose_keys && can_use_avx512_bf16();
-  std::fill_n(s.acc.data(), static_cast<int64_t>(num_rows) * head_dim, 0.0f);
-  std::fill_n(s.row_max.data(), num_rows, -std::numeric_limits<float>::infinity());
-  std::fill_n(s.row_sum.data(), num_rows, 0.0f);
-  if (p.sinks != nullptr && tile.takes_sinks(p.window)) {
-    // every row starts from its head's sink: a logit seen, weight exp(0) = 1, no value
-    for (int row = 0; row < num_rows; ++row) {
-      s.row_max[row] = p.sinks[tile.kv_head * group + row % group];
-      s.row_sum[row] = 1.0f;
-    }
-  }
 
   const int32_t* table = p.block_tables + tile.seq * p.table_stride;
   const int num_keys = tile.end();  // what the tile's last row sees (a split: its end)
@@ -1150,17 +1343,7 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
     }
   }
 
-  if (tile.partial >= 0) return write_partial(p, tile, s, head_dim);
-  for (int i = 0; i < tile.num_tokens; ++i) {
-    for (int g = 0; g < group; ++g) {
-      const int row = i * group + g;
-      const float inv_sum = 1.0f / s.row_sum[row];
-      const float* acc = s.acc.data() + static_cast<int64_t>(row) * head_dim;
-      scalar_t* out = p.out + ((tile.first_token + i) * p.num_heads + tile.kv_head * group + g) *
-                                  static_cast<int64_t>(head_dim);
-      for (int d = 0; d < head_dim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
-    }
-  }
+  finish_rows(p, tile, s, head_dim);
 }
 
 template <typename scalar_t, int kHeadDim, int kBlockSize>
