@@ -865,6 +865,21 @@ void decode_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch&
   return _mm256_cmp_ps(lane, _mm256_set1_ps(static_cast<float>(num_keys - 8 * c)), _CMP_LT_OQ);
 }
 
+// The largest and the sum of a vector's 8 lanes.
+[[gnu::always_inline]] inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+[[gnu::always_inline]] inline float hsum8(__m256 v) {
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  return _mm_cvtss_f32(t);
+}
+
 // softmax_in_place16 in AVX2: scores[0 .. num_keys) into exp(score - max) in place, their sum
 // returned and the max in *max_out; the padding up to the next multiple of 8 gets 0.
 inline float softmax_in_place8(float* scores, int num_keys, float* max_out) {
@@ -875,10 +890,7 @@ inline float softmax_in_place8(float* scores, int num_keys, float* max_out) {
     const __m256 v = _mm256_loadu_ps(scores + 8 * c);
     max_v = _mm256_max_ps(max_v, _mm256_blendv_ps(neg_inf, v, valid_lanes8(c, num_keys)));
   }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(max_v), _mm256_extractf128_ps(max_v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  *max_out = _mm_cvtss_f32(m);
+  *max_out = hmax8(max_v);
   const __m256 max_all = _mm256_set1_ps(*max_out);
   __m256 sum_v = _mm256_setzero_ps();
   for (int c = 0; c < num_chunks; ++c) {
@@ -888,10 +900,7 @@ inline float softmax_in_place8(float* scores, int num_keys, float* max_out) {
     _mm256_storeu_ps(scores + 8 * c, w);
     sum_v = _mm256_add_ps(sum_v, w);
   }
-  __m128 t = _mm_add_ps(_mm256_castps256_ps128(sum_v), _mm256_extractf128_ps(sum_v, 1));
-  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  t = _mm_add_ss(t, _mm_movehdup_ps(t));
-  return _mm_cvtss_f32(t);
+  return hsum8(sum_v);
 }
 
 // Scores of num_rows query rows against a 16-slot block's keys, 8 keys at a time: per row, key
@@ -1023,6 +1032,185 @@ void decode_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& s
     }
   }
 
+  finish_rows(p, tile, s, kHeadDim);
+}
+
+// An 8 x 8 transpose in registers: afterwards r[k] holds what was lane k of r[0] .. r[7].
+[[gnu::always_inline]] inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  // u[4h + m], per 128-bit half k: rows 4h .. 4h + 3 of column 4k + m
+  for (int h = 0; h < 2; ++h) {
+    u[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+    u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xEE);
+    u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+    u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xEE);
+  }
+  for (int m = 0; m < 4; ++m) {
+    r[m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x20);
+    r[4 + m] = _mm256_permute2f128_ps(u[m], u[4 + m], 0x31);
+  }
+}
+
+// prefill_tile16_avx512 in AVX2 (8 lanes, 16 registers), head_dim a multiple of 32: a block's
+// keys transposed once for the tile (8 x 8 in registers), four rows scored at a time (each
+// row's 16 scores in two vectors), their softmax in vectors, and the weighted values added
+// into two rows' accumulators at a time, 32 channels a pass, in registers for the block.
+template <typename scalar_t, int kHeadDim>
+void prefill_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
+  static_assert(kHeadDim % 32 == 0, "head_dim must be a multiple of 32");
+  constexpr int kRows = 4;
+  const int group = p.group_size;
+  const int num_rows = tile.num_tokens * group;
+  start_rows(p, tile, s, kHeadDim, false);
+
+  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
+  const int num_keys = tile.end();
+  const int first_block = tile.first_key / 16;
+  float* keys_t = s.keys.data();  // [kHeadDim, 16], 0 past the block's valid slots
+  const __m256 lane_lo = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
+  const __m256 lane_hi = _mm256_add_ps(lane_lo, _mm256_set1_ps(8.0f));
+  alignas(32) float weights[kRows][16];
+  for (int b = first_block, block_start = first_block * 16; block_start < num_keys;
+       block_start += 16, ++b) {
+    const int num_valid = std::min(16, num_keys - block_start);
+    const int64_t offset = table[b] * p.cache_block_stride + tile.kv_head * p.cache_head_stride;
+    const scalar_t* key_block = p.key_cache + offset;
+    const scalar_t* value_block = p.value_cache + offset;
+    if (block_start + 16 < num_keys) {
+      prefetch_rows(p.key_cache, p.value_cache,
+                    table[b + 1] * p.cache_block_stride + tile.kv_head * p.cache_head_stride,
+                    p.cache_slot_stride, std::min(16, num_keys - block_start - 16), kHeadDim);
+    }
+    for (int half = 0; half < 2; ++half) {
+      for (int c = 0; c < kHeadDim / 8; ++c) {
+        __m256 rows[8];
+        for (int i = 0; i < 8; ++i) {
+          const int t = 8 * half + i;
+          rows[i] = t < num_valid ? load8(key_block + t * p.cache_slot_stride + 8 * c)
+                                  : _mm256_setzero_ps();
+        }
+        transpose8(rows);
+        for (int d = 0; d < 8; ++d) _mm256_storeu_ps(keys_t + (8 * c + d) * 16 + 8 * half, rows[d]);
+      }
+    }
+    const float* values = nullptr;
+    int64_t value_stride = kHeadDim;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      values = value_block;
+      value_stride = p.cache_slot_stride;
+    } else {
+      for (int t = 0; t < num_valid; ++t) {
+        const scalar_t* v = value_block + t * p.cache_slot_stride;
+        for (int c = 0; c < kHeadDim / 8; ++c) {
+          _mm256_storeu_ps(s.values.data() + t * kHeadDim + 8 * c, load8(v + 8 * c));
+        }
+      }
+      values = s.values.data();
+    }
+
+    for (int first = 0; first < num_rows; first += kRows) {
+      int seen_from[kRows], seen_to[kRows];
+      int max_seen = 0;
+      bool any = false;
+      for (int j = 0; j < kRows; ++j) {
+        seen_from[j] = seen_to[j] = 0;
+        const int row = first + j;
+        if (row >= num_rows) continue;
+        const int pos = tile.first_pos + row / group;
+        seen_to[j] = std::min(num_valid, pos + 1 - block_start);
+        seen_from[j] = std::max(0, first_key_of(pos, p.window) - block_start);
+        if (seen_to[j] > seen_from[j]) {
+          any = true;
+          max_seen = std::max(max_seen, seen_to[j]);
+        }
+      }
+      if (!any) continue;
+
+      // 1. scores: row j's 16 in two vectors (rows past the tile re-read the last row)
+      const float* q_rows[kRows];
+      for (int j = 0; j < kRows; ++j) {
+        q_rows[j] = s.query.data() + static_cast<int64_t>(std::min(first + j, num_rows - 1)) *
+                                         kHeadDim;
+      }
+      __m256 lo[kRows], hi[kRows];
+      for (int j = 0; j < kRows; ++j) lo[j] = hi[j] = _mm256_setzero_ps();
+      for (int d = 0; d < kHeadDim; ++d) {
+        const __m256 k_lo = _mm256_loadu_ps(keys_t + d * 16);
+        const __m256 k_hi = _mm256_loadu_ps(keys_t + d * 16 + 8);
+        for (int j = 0; j < kRows; ++j) {
+          const __m256 q = _mm256_broadcast_ss(q_rows[j] + d);
+          lo[j] = _mm256_fmadd_ps(q, k_lo, lo[j]);
+          hi[j] = _mm256_fmadd_ps(q, k_hi, hi[j]);
+        }
+      }
+
+      // 2. online softmax: weights exp(score - new max) on the seen slots, 0 elsewhere
+      const __m256 neg_inf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+      float rescale[kRows];
+      for (int j = 0; j < kRows; ++j) {
+        rescale[j] = 1.0f;
+        if (seen_to[j] <= seen_from[j]) {
+          _mm256_store_ps(weights[j], _mm256_setzero_ps());
+          _mm256_store_ps(weights[j] + 8, _mm256_setzero_ps());
+          continue;
+        }
+        const __m256 from = _mm256_set1_ps(static_cast<float>(seen_from[j]));
+        const __m256 to = _mm256_set1_ps(static_cast<float>(seen_to[j]));
+        const __m256 seen_lo = _mm256_and_ps(_mm256_cmp_ps(lane_lo, from, _CMP_GE_OQ),
+                                             _mm256_cmp_ps(lane_lo, to, _CMP_LT_OQ));
+        const __m256 seen_hi = _mm256_and_ps(_mm256_cmp_ps(lane_hi, from, _CMP_GE_OQ),
+                                             _mm256_cmp_ps(lane_hi, to, _CMP_LT_OQ));
+        const int row = first + j;
+        const float old_max = s.row_max[row];
+        const float new_max = std::max(
+            old_max, hmax8(_mm256_max_ps(_mm256_blendv_ps(neg_inf, lo[j], seen_lo),
+                                         _mm256_blendv_ps(neg_inf, hi[j], seen_hi))));
+        const __m256 m = _mm256_set1_ps(new_max);
+        const __m256 w_lo = _mm256_and_ps(seen_lo, exp8_nonpositive(_mm256_sub_ps(lo[j], m)));
+        const __m256 w_hi = _mm256_and_ps(seen_hi, exp8_nonpositive(_mm256_sub_ps(hi[j], m)));
+        _mm256_store_ps(weights[j], w_lo);
+        _mm256_store_ps(weights[j] + 8, w_hi);
+        rescale[j] = exp_nonpositive(old_max - new_max);
+        s.row_sum[row] = s.row_sum[row] * rescale[j] + hsum8(_mm256_add_ps(w_lo, w_hi));
+        s.row_max[row] = new_max;
+      }
+
+      // 3. two rows' accumulators, 32 channels at a time, in registers for the block
+      for (int j = 0; j < kRows; j += 2) {
+        if (first + j >= num_rows) break;
+        const bool second = first + j + 1 < num_rows;
+        float* a0 = s.acc.data() + static_cast<int64_t>(first + j) * kHeadDim;
+        float* a1 = second ? a0 + kHeadDim : a0;  // a lone last row: the second set is dropped
+        const __m256 r0 = _mm256_set1_ps(rescale[j]);
+        const __m256 r1 = _mm256_set1_ps(second ? rescale[j + 1] : 1.0f);
+        for (int pass = 0; pass < kHeadDim / 32; ++pass) {
+          __m256 acc0[4], acc1[4];
+          for (int c = 0; c < 4; ++c) {
+            acc0[c] = _mm256_mul_ps(_mm256_loadu_ps(a0 + 32 * pass + 8 * c), r0);
+            acc1[c] = _mm256_mul_ps(_mm256_loadu_ps(a1 + 32 * pass + 8 * c), r1);
+          }
+          for (int t = 0; t < max_seen; ++t) {
+            const float* v = values + t * value_stride + 32 * pass;
+            const __m256 w0 = _mm256_broadcast_ss(&weights[j][t]);
+            const __m256 w1 = _mm256_broadcast_ss(&weights[second ? j + 1 : j][t]);
+            for (int c = 0; c < 4; ++c) {
+              const __m256 vc = _mm256_loadu_ps(v + 8 * c);
+              acc0[c] = _mm256_fmadd_ps(w0, vc, acc0[c]);
+              acc1[c] = _mm256_fmadd_ps(w1, vc, acc1[c]);
+            }
+          }
+          for (int c = 0; c < 4; ++c) {
+            if (second) _mm256_storeu_ps(a1 + 32 * pass + 8 * c, acc1[c]);
+            _mm256_storeu_ps(a0 + 32 * pass + 8 * c, acc0[c]);
+          }
+        }
+      }
+    }
+  }
   finish_rows(p, tile, s, kHeadDim);
 }
 #endif
@@ -1224,6 +1412,9 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
 #elif defined(QUIRE_ATTENTION_AVX2)
   if constexpr (kBlockSize == 16 && kHeadDim > 0 && kHeadDim % 16 == 0) {
     if (tile.num_tokens == 1) return decode_tile16_avx2<scalar_t, kHeadDim>(p, tile, s);
+    if constexpr (kHeadDim % 32 == 0) {
+      if (p.soft_cap <= 0.0f) return prefill_tile16_avx2<scalar_t, kHeadDim>(p, tile, s);
+    }
   }
 #endif
 
