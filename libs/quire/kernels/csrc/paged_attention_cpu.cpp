@@ -68,6 +68,7 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -619,6 +620,50 @@ void start_rows(const Problem<scalar_t>& p, const Tile& tile, Scratch& s, int he
   }
 }
 
+// A register-tile prefill's walk over its blocks (16 slots each): for each block, in order,
+// fn(block_start, num_valid, keys, values, value_stride) with the block's first position, its
+// slots the tile may read (t < num_valid: none past the context), its keys as stored and its
+// values as float32 rows (the cache's own when float32, else widened once into s.values for
+// all the tile's rows); the next block's rows are prefetched first.
+template <typename scalar_t, int kHeadDim, typename Fn>
+void for_each_tile_block(const Problem<scalar_t>& p, const Tile& tile, Scratch& s, Fn&& fn) {
+  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
+  const int num_keys = tile.end();
+  const int first_block = tile.first_key / 16;
+  for (int b = first_block, block_start = first_block * 16; block_start < num_keys;
+       block_start += 16, ++b) {
+    const int num_valid = std::min(16, num_keys - block_start);
+    const int64_t offset = table[b] * p.cache_block_stride + tile.kv_head * p.cache_head_stride;
+    if (block_start + 16 < num_keys) {
+      prefetch_rows(p.key_cache, p.value_cache,
+                    table[b + 1] * p.cache_block_stride + tile.kv_head * p.cache_head_stride,
+                    p.cache_slot_stride, std::min(16, num_keys - block_start - 16), kHeadDim);
+    }
+    const scalar_t* value_block = p.value_cache + offset;
+    if constexpr (std::is_same_v<scalar_t, float>) {
+      fn(block_start, num_valid, p.key_cache + offset, value_block, p.cache_slot_stride);
+    } else {
+      for (int t = 0; t < num_valid; ++t) {
+        const scalar_t* v = value_block + t * p.cache_slot_stride;
+        float* v_out = s.values.data() + static_cast<int64_t>(t) * kHeadDim;
+#pragma omp simd
+        for (int d = 0; d < kHeadDim; ++d) v_out[d] = to_float(v[d]);
+      }
+      fn(block_start, num_valid, p.key_cache + offset, s.values.data(), int64_t{kHeadDim});
+    }
+  }
+}
+
+// The slots [first, end) of a block starting at block_start (num_valid of them readable)
+// that a tile's row sees: causal, and from its window's first key; first >= end: none.
+template <typename scalar_t>
+std::pair<int, int> seen_slots(const Problem<scalar_t>& p, const Tile& tile, int row,
+                               int block_start, int num_valid) {
+  const int pos = tile.first_pos + row / p.group_size;
+  return {std::max(0, first_key_of(pos, p.window) - block_start),
+          std::min(num_valid, pos + 1 - block_start)};
+}
+
 // How many blocks ahead a two-pass decode tile prefetches. The rows go to L2, not L1: a tile
 // reads the blocks it is told in no order a hardware prefetcher can follow, and L1 can track
 // too few misses at once to hide memory latency (`make bench-kernels` reads the caches from
@@ -1067,24 +1112,14 @@ void prefill_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& 
   const int num_rows = tile.num_tokens * group;
   start_rows(p, tile, s, kHeadDim, false);
 
-  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
-  const int num_keys = tile.end();
-  const int first_block = tile.first_key / 16;
   float* keys_t = s.keys.data();  // [kHeadDim, 16], 0 past the block's valid slots
   const __m256 lane_lo = _mm256_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
   const __m256 lane_hi = _mm256_add_ps(lane_lo, _mm256_set1_ps(8.0f));
   alignas(32) float weights[kRows][16];
-  for (int b = first_block, block_start = first_block * 16; block_start < num_keys;
-       block_start += 16, ++b) {
-    const int num_valid = std::min(16, num_keys - block_start);
-    const int64_t offset = table[b] * p.cache_block_stride + tile.kv_head * p.cache_head_stride;
-    const scalar_t* key_block = p.key_cache + offset;
-    const scalar_t* value_block = p.value_cache + offset;
-    if (block_start + 16 < num_keys) {
-      prefetch_rows(p.key_cache, p.value_cache,
-                    table[b + 1] * p.cache_block_stride + tile.kv_head * p.cache_head_stride,
-                    p.cache_slot_stride, std::min(16, num_keys - block_start - 16), kHeadDim);
-    }
+  for_each_tile_block<scalar_t, kHeadDim>(p, tile, s, [&](int block_start, int num_valid,
+                                                          const scalar_t* key_block,
+                                                          const float* values,
+                                                          int64_t value_stride) {
     for (int half = 0; half < 2; ++half) {
       for (int c = 0; c < kHeadDim / 8; ++c) {
         __m256 rows[8];
@@ -1097,32 +1132,14 @@ void prefill_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& 
         for (int d = 0; d < 8; ++d) _mm256_storeu_ps(keys_t + (8 * c + d) * 16 + 8 * half, rows[d]);
       }
     }
-    const float* values = nullptr;
-    int64_t value_stride = kHeadDim;
-    if constexpr (std::is_same_v<scalar_t, float>) {
-      values = value_block;
-      value_stride = p.cache_slot_stride;
-    } else {
-      for (int t = 0; t < num_valid; ++t) {
-        const scalar_t* v = value_block + t * p.cache_slot_stride;
-        for (int c = 0; c < kHeadDim / 8; ++c) {
-          _mm256_storeu_ps(s.values.data() + t * kHeadDim + 8 * c, load8(v + 8 * c));
-        }
-      }
-      values = s.values.data();
-    }
-
     for (int first = 0; first < num_rows; first += kRows) {
       int seen_from[kRows], seen_to[kRows];
       int max_seen = 0;
       bool any = false;
       for (int j = 0; j < kRows; ++j) {
         seen_from[j] = seen_to[j] = 0;
-        const int row = first + j;
-        if (row >= num_rows) continue;
-        const int pos = tile.first_pos + row / group;
-        seen_to[j] = std::min(num_valid, pos + 1 - block_start);
-        seen_from[j] = std::max(0, first_key_of(pos, p.window) - block_start);
+        if (first + j >= num_rows) continue;
+        std::tie(seen_from[j], seen_to[j]) = seen_slots(p, tile, first + j, block_start, num_valid);
         if (seen_to[j] > seen_from[j]) {
           any = true;
           max_seen = std::max(max_seen, seen_to[j]);
@@ -1210,7 +1227,7 @@ void prefill_tile16_avx2(const Problem<scalar_t>& p, const Tile& tile, Scratch& 
         }
       }
     }
-  }
+  });
   finish_rows(p, tile, s, kHeadDim);
 }
 #endif
@@ -1269,21 +1286,11 @@ void prefill_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch
   const int num_rows = tile.num_tokens * group;
   start_rows(p, tile, s, kHeadDim, false);
 
-  const int32_t* table = p.block_tables + tile.seq * p.table_stride;
-  const int num_keys = tile.end();
-  const int first_block = tile.first_key / 16;
   float* keys_t = s.keys.data();  // [kHeadDim, 16], 0 past the block's valid slots
-  for (int b = first_block, block_start = first_block * 16; block_start < num_keys;
-       block_start += 16, ++b) {
-    const int num_valid = std::min(16, num_keys - block_start);
-    const int64_t offset = table[b] * p.cache_block_stride + tile.kv_head * p.cache_head_stride;
-    const scalar_t* key_block = p.key_cache + offset;
-    const scalar_t* value_block = p.value_cache + offset;
-    if (block_start + 16 < num_keys) {
-      prefetch_rows(p.key_cache, p.value_cache,
-                    table[b + 1] * p.cache_block_stride + tile.kv_head * p.cache_head_stride,
-                    p.cache_slot_stride, std::min(16, num_keys - block_start - 16), kHeadDim);
-    }
+  for_each_tile_block<scalar_t, kHeadDim>(p, tile, s, [&](int block_start, int num_valid,
+                                                          const scalar_t* key_block,
+                                                          const float* values,
+                                                          int64_t value_stride) {
     for (int c = 0; c < kChunks; ++c) {
       __m512 rows[16];
       for (int t = 0; t < 16; ++t) {
@@ -1293,22 +1300,6 @@ void prefill_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch
       transpose16(rows);
       for (int d = 0; d < 16; ++d) _mm512_storeu_ps(keys_t + (16 * c + d) * 16, rows[d]);
     }
-    // value rows as float32: in place, or widened once for the tile's rows
-    const float* values = nullptr;
-    int64_t value_stride = kHeadDim;
-    if constexpr (std::is_same_v<scalar_t, float>) {
-      values = value_block;
-      value_stride = p.cache_slot_stride;
-    } else {
-      for (int t = 0; t < num_valid; ++t) {
-        const scalar_t* v = value_block + t * p.cache_slot_stride;
-        for (int c = 0; c < kChunks; ++c) {
-          _mm512_storeu_ps(s.values.data() + t * kHeadDim + 16 * c, load16(v + 16 * c));
-        }
-      }
-      values = s.values.data();
-    }
-
     for (int first = 0; first < num_rows; first += kRows) {
       // which of the block's slots each row sees: causal, and from its window's first key
       __mmask16 seen[kRows];
@@ -1316,11 +1307,8 @@ void prefill_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch
       bool any = false;
       for (int j = 0; j < kRows; ++j) {
         seen[j] = 0;
-        const int row = first + j;
-        if (row >= num_rows) continue;
-        const int pos = tile.first_pos + row / group;
-        const int num_seen = std::min(num_valid, pos + 1 - block_start);
-        const int first_seen = std::max(0, first_key_of(pos, p.window) - block_start);
+        if (first + j >= num_rows) continue;
+        const auto [first_seen, num_seen] = seen_slots(p, tile, first + j, block_start, num_valid);
         seen[j] = lane_range(first_seen, num_seen);
         if (seen[j] != 0) {
           any = true;
@@ -1385,7 +1373,7 @@ void prefill_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch
         for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(a + 16 * c, acc[j][c]);
       }
     }
-  }
+  });
   finish_rows(p, tile, s, kHeadDim);
 }
 #endif
