@@ -620,6 +620,18 @@ void start_rows(const Problem<scalar_t>& p, const Tile& tile, Scratch& s, int he
   }
 }
 
+// num_rows cache rows of head_dim values, `stride` apart, widened to float32 into out
+// ([num_rows, head_dim], contiguous).
+template <typename scalar_t>
+void widen_rows(const scalar_t* rows, int64_t stride, int num_rows, int head_dim, float* out) {
+  for (int t = 0; t < num_rows; ++t) {
+    const scalar_t* row = rows + t * stride;
+    float* row_out = out + static_cast<int64_t>(t) * head_dim;
+#pragma omp simd
+    for (int d = 0; d < head_dim; ++d) row_out[d] = to_float(row[d]);
+  }
+}
+
 // A register-tile prefill's walk over its blocks (16 slots each): for each block, in order,
 // fn(block_start, num_valid, keys, values, value_stride) with the block's first position, its
 // slots the tile may read (t < num_valid: none past the context), its keys as stored and its
@@ -643,12 +655,7 @@ void for_each_tile_block(const Problem<scalar_t>& p, const Tile& tile, Scratch& 
     if constexpr (std::is_same_v<scalar_t, float>) {
       fn(block_start, num_valid, p.key_cache + offset, value_block, p.cache_slot_stride);
     } else {
-      for (int t = 0; t < num_valid; ++t) {
-        const scalar_t* v = value_block + t * p.cache_slot_stride;
-        float* v_out = s.values.data() + static_cast<int64_t>(t) * kHeadDim;
-#pragma omp simd
-        for (int d = 0; d < kHeadDim; ++d) v_out[d] = to_float(v[d]);
-      }
+      widen_rows(value_block, p.cache_slot_stride, num_valid, kHeadDim, s.values.data());
       fn(block_start, num_valid, p.key_cache + offset, s.values.data(), int64_t{kHeadDim});
     }
   }
@@ -1465,12 +1472,7 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
       score_block<kHeadDim>(s.query.data(), num_rows, key_block, p.cache_slot_stride,
                             num_valid, head_dim, block_size, s.scores.data());
     } else {
-      for (int t = 0; t < num_valid; ++t) {
-        const scalar_t* k = key_block + t * p.cache_slot_stride;
-        float* k_out = s.keys.data() + static_cast<int64_t>(t) * head_dim;
-#pragma omp simd
-        for (int d = 0; d < head_dim; ++d) k_out[d] = to_float(k[d]);
-      }
+      widen_rows(key_block, p.cache_slot_stride, num_valid, head_dim, s.keys.data());
       score_block<kHeadDim>(s.query.data(), num_rows, s.keys.data(), head_dim, num_valid,
                             head_dim, block_size, s.scores.data());
     }
@@ -1479,12 +1481,7 @@ void attend_tile(const Problem<scalar_t>& p, const Tile& tile, Scratch& s) {
     // all the tile's rows.
     constexpr bool widen_values = !std::is_same_v<scalar_t, float>;
     if constexpr (widen_values) {
-      for (int t = 0; t < num_valid; ++t) {
-        const scalar_t* v = value_block + t * p.cache_slot_stride;
-        float* v_out = s.values.data() + static_cast<int64_t>(t) * head_dim;
-#pragma omp simd
-        for (int d = 0; d < head_dim; ++d) v_out[d] = to_float(v[d]);
-      }
+      widen_rows(value_block, p.cache_slot_stride, num_valid, head_dim, s.values.data());
     }
 
     if (p.soft_cap > 0.0f) {
