@@ -96,17 +96,22 @@ class EngineThread:
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
             queue.SimpleQueue()
         )
+        self._closed = False
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Run `fn` on the thread after what was submitted before; its result in a Future."""
+        """Run `fn` on the thread after what was submitted before; its result in a Future.
+        RuntimeError once closed (nothing would run it)."""
+        if self._closed:
+            raise RuntimeError("the engine thread is closed")
         future: Future[T] = Future()
         self._queue.put((fn, future))
         return future
 
     def close(self, timeout: float | None = None) -> None:
         """Let the thread finish what was submitted, then end; wait up to `timeout`."""
+        self._closed = True
         self._queue.put(None)
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)

@@ -103,6 +103,9 @@ def test_the_engine_is_built_and_stepped_on_one_thread() -> None:
     assert loop.submit(threading.get_ident).result(10) == builder
     stepped = each_step(engine, loop, threading.get_ident)
     assert stepped and set(stepped) == {builder} and builder != threading.get_ident()
-    # stopping ends the thread: nothing more runs on it
+    # a stopped loop takes no more commands
     with pytest.raises(RuntimeError, match="stopped"):
         loop.submit(lambda: None)
+    # nor does its thread, which has ended
+    with pytest.raises(RuntimeError, match="closed"):
+        thread.submit(lambda: None)
