@@ -24,7 +24,7 @@ from quire.cluster.redis_keys import ExecutorRecord
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
 from quire.model.linear import TUNE_CONDITIONS, TUNINGS
-from services.common import tls
+from services.common import keepalive, tls
 from services.common.epochs import StaleEpochError
 from services.executor import allocator_factory as alloc
 from services.executor.core_share import CoreShare
@@ -78,7 +78,7 @@ class ExecutorServer:
         """Bring the executor up; False if `stopping` was set before it could serve."""
         s = self.settings
         event_loop = asyncio.get_running_loop()
-        self.server = grpc.aio.server()
+        self.server = grpc.aio.server(options=keepalive.server_options())
         self.port = tls.add_port(self.server, f"{s.host}:{s.port}", s.tls_cert, s.tls_key)
         if self.port == 0:
             raise OSError(f"cannot bind {s.host}:{s.port}")

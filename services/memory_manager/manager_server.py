@@ -15,7 +15,7 @@ import structlog
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from services.common import tls
+from services.common import keepalive, tls
 from services.memory_manager.manager_metrics import ManagerMetrics
 from services.memory_manager.manager_servicer import MemoryManagerServicer
 from services.memory_manager.manager_settings import Settings
@@ -52,7 +52,7 @@ class MemoryManagerServer:
 
     async def start(self) -> int:
         """Bind and start serving; returns the gRPC port."""
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=keepalive.server_options())
         address = f"{self.settings.host}:{self.settings.port}"
         self.port = tls.add_port(server, address, self.settings.tls_cert, self.settings.tls_key)
         if self.port == 0:

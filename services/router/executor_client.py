@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import grpc
 
-from services.common import tls
+from services.common import keepalive, tls
 from services.rpc import executor_pb2_grpc
 
 _CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 20_000),
-    ("grpc.keepalive_timeout_ms", 10_000),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
+    *keepalive.client_options(),  # the executors' servers accept these pings
     # Fail fast on a dead executor (we retry elsewhere) instead of waiting for it.
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
