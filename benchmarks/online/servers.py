@@ -41,11 +41,12 @@ def quire_server(
     QUIRE_NUM_KV_BLOCKS sets each one's. A
     quantized dtype (QUANTIZED_DTYPES) serves llama.cpp's GGUF of it (`gguf_stem`'s) as it is,
     in float32."""
-    from benchmarks.peers.llamacpp_env import QUANTIZED_DTYPES, gguf_path
+    from benchmarks.peers.llamacpp_env import QUANTIZED_DTYPES, QUIRE_KV_CACHE_DTYPES, gguf_path
     from services.stack.runner import Stack
     from services.stack.spec import StackConfig
 
     model: Path = model_dir
+    kv_cache_dtype = QUIRE_KV_CACHE_DTYPES[dtype]  # llama.cpp's KV cache type for the row
     if dtype in QUANTIZED_DTYPES:
         model, dtype = gguf_path(dtype, stem=gguf_stem), "float32"
     ports = stack_ports(num_executors)
@@ -61,7 +62,7 @@ def quire_server(
         config = dataclasses.replace(
             config, num_kv_blocks=QUIRE_KV_BLOCKS_TOTAL // max(1, num_executors)
         )
-    stack = Stack(config, run_dir, cwd=REPO)
+    stack = Stack(config, run_dir, cwd=REPO, env={"QUIRE_KV_CACHE_DTYPE": kv_cache_dtype})
     stack.start(timeout_s=180)
     try:
         deadline = time.monotonic() + 60

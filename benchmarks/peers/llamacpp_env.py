@@ -27,8 +27,14 @@ GGUF_TYPES = {"float32": "F32", "bfloat16": "BF16", "q4_1": "Q4_1", "q8_0": "Q8_
 # The quantized ones: served from the file as it is by llama.cpp and by Quire alike.
 QUANTIZED_DTYPES = ("q4_1", "q8_0")
 # The KV cache type llama-server runs each with: the weights' own dtype where llama.cpp has it
-# (Quire and vLLM keep their KV cache in the model's dtype), its default f16 for Q4_1 and Q8_0.
+# (vLLM keeps its KV cache in the model's dtype), its default f16 for Q4_1 and Q8_0.
 KV_CACHE_TYPES = {"float32": "f32", "bfloat16": "bf16", "q4_1": "f16", "q8_0": "f16"}
+# Quire's kv_cache_dtype for each: the same as llama.cpp's (float16 keys and values under the
+# GGUFs' float32 activations).
+QUIRE_KV_CACHE_DTYPES = {
+    dtype: {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}[kind]
+    for dtype, kind in KV_CACHE_TYPES.items()
+}
 
 
 class PeerNotBuiltError(RuntimeError):

@@ -19,6 +19,7 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # fraction of free GPU memory the KV cach
 PREEMPTION_MODES = ("recompute", "swap")  # EngineConfig.preemption_mode's values
 PULL_POLICIES = ("measured", "always")  # EngineConfig.pull_policy's values
 QUANTIZED_ACTIVATIONS = ("int8", "float32")  # EngineConfig.quantized_activations' values
+KV_CACHE_DTYPES = ("float32", "bfloat16", "float16")  # EngineConfig.kv_cache_dtype's, but auto
 
 
 def _setting(default: Any, help: str) -> Any:
@@ -53,6 +54,14 @@ class EngineConfig:
         "auto",
         "auto (bfloat16 on CUDA and on CPUs with native bf16: AVX512_BF16 or AMX, else "
         "float32), float32, bfloat16 or float16",
+    )
+    kv_cache_dtype: str = _setting(
+        "auto",
+        "the dtype KV blocks are stored in: auto (the model's: the dtype its attention runs "
+        "in), float32, bfloat16 or float16. A 16-bit cache under a float32 model (float32 "
+        "weights, or quantized ones) holds twice the tokens in the same memory and reads half "
+        "the bytes a decode step; its attention rounds queries, keys and values to that dtype "
+        "and computes in float32",
     )
     device: str = _setting("auto", "auto (cuda when available, else cpu), cpu or cuda[:N]")
     seed: int = _setting(0, "default seed for unseeded random sampling")
@@ -96,6 +105,11 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
+        if self.kv_cache_dtype not in ("auto", *KV_CACHE_DTYPES):
+            raise ValueError(
+                f"kv_cache_dtype must be auto, {', '.join(KV_CACHE_DTYPES)}, "
+                f"got {self.kv_cache_dtype!r}"
+            )
         if self.pull_policy not in PULL_POLICIES:
             raise ValueError(
                 f"pull_policy must be one of {', '.join(PULL_POLICIES)}, got {self.pull_policy!r}"
@@ -130,6 +144,14 @@ class EngineConfig:
             native = device.type == "cuda" or cpu_has_native_bf16()
             return torch.bfloat16 if native else torch.float32
         return getattr(torch, self.dtype)  # type: ignore[no-any-return]
+
+    def resolve_kv_cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV blocks' dtype for a model running in `model_dtype`."""
+        import torch
+
+        if self.kv_cache_dtype == "auto":
+            return model_dtype
+        return getattr(torch, self.kv_cache_dtype)  # type: ignore[no-any-return]
 
     @property
     def swap_space_bytes(self) -> int:

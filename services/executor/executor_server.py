@@ -162,8 +162,9 @@ class ExecutorServer:
             model=identity.model,
             num_kv_blocks=engine.allocator.num_blocks,
             kv_groups=engine.runner.groups.num_groups,
-            kv_bytes_per_token=kv_bytes_per_token(engine.model.config, engine.dtype),
+            kv_bytes_per_token=kv_bytes_per_token(engine.model.config, engine.kv_dtype),
             dtype=str(engine.dtype).removeprefix("torch."),
+            kv_cache_dtype=str(engine.kv_dtype).removeprefix("torch."),
             linear_backend=getattr(engine.model, "linear_backend", None),
             linear_tuning=[
                 {

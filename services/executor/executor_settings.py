@@ -104,6 +104,7 @@ class ExecutorSettings(BaseSettings):
     free_outside_window: bool = _engine("free_outside_window")
     device: str = _engine("device")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _engine("dtype")
+    kv_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"] = _engine("kv_cache_dtype")
     seed: int = _engine("seed")
     preemption_mode: Literal["recompute", "swap"] = _engine("preemption_mode")
     swap_space: float = _engine("swap_space", ge=0)

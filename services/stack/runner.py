@@ -11,6 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 
 from services.stack.spec import ProcessSpec, StackConfig, stack_processes
@@ -52,8 +53,17 @@ def _http_ready(url: str) -> bool:
 class Stack:
     """The processes of one stack; their pids and logs live in `run_dir`."""
 
-    def __init__(self, config: StackConfig, run_dir: Path, cwd: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: StackConfig,
+        run_dir: Path,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """`env`: variables every process gets on top of this one's environment (a service's
+        setting that StackConfig does not carry)."""
         self.config = config
+        self.env = dict(env or {})
         self.run_dir = run_dir
         self.cwd = cwd or Path.cwd()
         self.specs = {p.name: p for p in stack_processes(config)}
@@ -93,7 +103,7 @@ class Stack:
     def start_one(self, name: str) -> None:
         spec = self.specs[name]
         log = self.log_path(name).open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **spec.env}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env, **spec.env}
         self.procs[name] = subprocess.Popen(
             spec.argv,
             cwd=self.cwd,

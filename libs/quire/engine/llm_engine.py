@@ -85,6 +85,7 @@ class LLMEngine:
         self.config = config
         loaded = load_engine_model(config)
         path, self.device, self.dtype = loaded.path, loaded.device, loaded.dtype
+        self.kv_dtype = config.resolve_kv_cache_dtype(self.dtype)  # the KV blocks' dtype
         self.model, self.tokenizer = loaded.model, loaded.tokenizer
         self.max_model_len, self.eos_token_ids = loaded.max_model_len, loaded.eos_token_ids
         model_config = self.model.config
@@ -99,7 +100,7 @@ class LLMEngine:
         # The KV tensors hold exactly the blocks the allocator hands out; the runner holds
         # the block tables that index them.
         self.runner = ModelRunner(
-            self.model, num_blocks, config.block_size, self.dtype, self.device, groups
+            self.model, num_blocks, config.block_size, self.kv_dtype, self.device, groups
         )
         layout = TableLayout(groups.windows)
         if allocator is None and allocator_factory is not None:

@@ -68,7 +68,8 @@ def num_kv_blocks(config: EngineConfig, loaded: LoadedModel, groups: KVGroups | 
     if config.num_kv_blocks is not None:
         return config.num_kv_blocks
     num_groups = 1 if groups is None else groups.num_groups
-    per_block = kv_bytes_per_block(loaded.config, config.block_size, loaded.dtype, groups)
+    kv_dtype = config.resolve_kv_cache_dtype(loaded.dtype)
+    per_block = kv_bytes_per_block(loaded.config, config.block_size, kv_dtype, groups)
     if loaded.device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(loaded.device)
         budget = int(free * DEFAULT_GPU_MEMORY_UTILIZATION)

@@ -64,12 +64,13 @@ class ModelRunner:
         model: DecoderModel,
         num_blocks: int,
         block_size: int,
-        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
         device: torch.device,
         groups: KVGroups | None = None,
     ) -> None:
-        """`groups`: how the layers share blocks (quire.model.attention_layout); None: one
-        table, every layer in every block."""
+        """`kv_dtype`: the KV blocks' (EngineConfig.kv_cache_dtype); `groups`: how the layers
+        share blocks (quire.model.attention_layout); None: one table, every layer in every
+        block."""
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -77,7 +78,7 @@ class ModelRunner:
         # request (then every step asks it, and it does nothing without constrained rows).
         self.structured: StructuredOutputs | None = None
         # The physical KV blocks, and the block copy path (read/write blocks as host buffers).
-        self.kv = PagedKVCache(model.config, num_blocks, block_size, dtype, device, groups)
+        self.kv = PagedKVCache(model.config, num_blocks, block_size, kv_dtype, device, groups)
         self.groups = self.kv.groups
         # The executor's one record of the block tables that index these tensors: the
         # scheduler's allocator steps apply to it, slot mappings are built from it. With

@@ -63,7 +63,12 @@ at::Tensor decoder_layer(at::Tensor x, at::Tensor residual, bool add_input,
   at::Tensor k = parts[1].view({-1, num_kv_heads, head_dim});
   const at::Tensor v = parts[2].view({-1, num_kv_heads, head_dim});
   rotary_embedding_(positions, q, k, cos, sin);
-  write_kv_cache_(k, v, key_cache, value_cache, slot_mapping);
+  // A cache narrower than x (kv_cache_dtype): keys and values are stored rounded to it, and
+  // the attention reads the queries in it and its output is widened back, as
+  // quire.model.attention.PagedAttention does.
+  const at::ScalarType cache_type = key_cache.scalar_type();
+  if (cache_type != q.scalar_type()) q = q.to(cache_type);
+  write_kv_cache_(k.to(cache_type), v.to(cache_type), key_cache, value_cache, slot_mapping);
   const at::Tensor tables = unit_last_stride(block_tables);
   const at::Tensor attn =
       cu_query_lens.has_value()
@@ -72,7 +77,8 @@ at::Tensor decoder_layer(at::Tensor x, at::Tensor residual, bool add_input,
                                     std::nullopt)
           : paged_decode_attention(q, key_cache, value_cache, tables, context_lens, scale,
                                    sliding_window, std::nullopt, std::nullopt);
-  at::Tensor h = layer_linear(attn.reshape({-1, q_size}), o, o_type, hidden, int8_activations);
+  at::Tensor h = layer_linear(attn.reshape({-1, q_size}).to(x.scalar_type()), o, o_type, hidden,
+                             int8_activations);
   add_rms_norm_(h, residual, post_norm, eps);
   const std::vector<at::Tensor> halves =
       layer_linear(h, gate_up, gate_up_type, 2 * intermediate_size, int8_activations)
