@@ -64,13 +64,14 @@ FORMATS: dict[str, BlockFormat] = {
 #            64 B: chunk t holds, row after row, bytes 4t..4t+3 of each row's qs (inputs
 #            4t..4t+3 in the low nibbles, 16+4t..16+4t+3 in the high ones). A Q4_0 block is
 #            written with m = -8 d (w = d * q + m, the same float32 values as d * (q - 8)).
-#   Q8_0x16 (576 B / 16 x 32):  16 int16 sums of the block's integers, then the 16 rows'
-#            integers in 8 chunks of 64 B: chunk t holds bytes 4t..4t+3 of each row.
+#   Q8_0x16 (544 B / 16 x 32):  the 16 rows' integers plus 128 (unsigned bytes: q ^ 0x80) in
+#            8 chunks of 64 B: chunk t holds bytes 4t..4t+3 of each row. The kernel multiplies
+#            them by x's signed int8 and takes 128 sum(q_x) off each block's integer dot.
 # Their `block_bytes` are per row (the group's divided by 16), so a [out_features, row_bytes]
 # tensor holds them as it holds the row-major formats; its rows are not the weight's rows.
 INTERLEAVED_ROWS = 16
 INTERLEAVED: dict[str, BlockFormat] = {
-    f.name: f for f in (BlockFormat("Q8_0x16", 1001, 32, 36), BlockFormat("Q4_1x16", 1002, 32, 20))
+    f.name: f for f in (BlockFormat("Q8_0x16", 1001, 32, 34), BlockFormat("Q4_1x16", 1002, 32, 20))
 }
 INTERLEAVED_BASE = {"Q8_0x16": "Q8_0", "Q4_1x16": "Q4_1"}  # what deinterleave() gives back
 INTERLEAVED_OF = {"Q8_0": "Q8_0x16", "Q4_0": "Q4_1x16", "Q4_1": "Q4_1x16"}  # interleave()'s
@@ -103,9 +104,8 @@ def interleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
     grouped = blocks.reshape(-1, INTERLEAVED_ROWS, nb, fmt.block_bytes).transpose(1, 2)
     d = grouped[..., 0:2]
     if name == "Q8_0":
-        q = grouped[..., 2:]
-        sums = q.contiguous().view(torch.int8).sum(-1, keepdim=True).to(torch.int16)
-        head = torch.cat([d, sums.view(torch.uint8)], dim=-1)
+        q = grouped[..., 2:] ^ 0x80
+        head = d
     else:
         q = grouped[..., 4:] if name == "Q4_1" else grouped[..., 2:]
         if name == "Q4_1":
@@ -116,9 +116,10 @@ def interleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
                 raise ValueError("a Q4_0 scale times -8 overflows float16")
             m = m16.view(torch.uint8)
         head = torch.cat([d, m], dim=-1)
-    # head: [.., 16 rows, 4] -> two runs of 16 values; q: [.., 16 rows, chunks, 4] -> chunk-major
+    # head: [.., 16 rows, 2 or 4] -> runs of 16 values; q: [.., 16 rows, chunks, 4] -> chunk-major
     g, b = grouped.shape[0], nb
-    head = head.reshape(g, b, INTERLEAVED_ROWS, 2, 2).permute(0, 1, 3, 2, 4)
+    runs = head.shape[-1] // 2
+    head = head.reshape(g, b, INTERLEAVED_ROWS, runs, 2).permute(0, 1, 3, 2, 4)
     body = q.reshape(g, b, INTERLEAVED_ROWS, -1, 4).permute(0, 1, 3, 2, 4)
     out = torch.cat([head.reshape(g, b, -1), body.reshape(g, b, -1)], dim=-1)
     new = INTERLEAVED_OF[name]
@@ -133,29 +134,42 @@ def deinterleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
     nb = blocks.shape[1] // fmt.block_bytes
     g = rows // INTERLEAVED_ROWS
     flat = blocks.reshape(g, nb, INTERLEAVED_ROWS * fmt.block_bytes)
-    head = flat[..., : 4 * INTERLEAVED_ROWS].reshape(g, nb, 2, INTERLEAVED_ROWS, 2)
-    head = head.permute(0, 1, 3, 2, 4).reshape(g, nb, INTERLEAVED_ROWS, 4)
-    body = flat[..., 4 * INTERLEAVED_ROWS :].reshape(g, nb, -1, INTERLEAVED_ROWS, 4)
+    runs = _head_runs(base)
+    head = flat[..., : 2 * runs * INTERLEAVED_ROWS].reshape(g, nb, runs, INTERLEAVED_ROWS, 2)
+    head = head.permute(0, 1, 3, 2, 4).reshape(g, nb, INTERLEAVED_ROWS, 2 * runs)
+    body = flat[..., 2 * runs * INTERLEAVED_ROWS :].reshape(g, nb, -1, INTERLEAVED_ROWS, 4)
     body = body.permute(0, 1, 3, 2, 4).reshape(g, nb, INTERLEAVED_ROWS, -1)
     if base == "Q8_0":
-        head = head[..., 0:2]  # the sums are derived
+        body = body ^ 0x80  # back to signed integers' bytes
     row = torch.cat([head, body], dim=-1)  # [groups, blocks, 16 rows, base bytes]
     return row.transpose(1, 2).reshape(rows, -1).contiguous(), base
 
 
+def _head_runs(base: str) -> int:
+    """Runs of 16 float16 values that open an interleaved block: d (Q8_0), d then m (Q4_1)."""
+    return 1 if base == "Q8_0" else 2
+
+
 @functools.cache
-def _row_gather(name: str, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _row_gather(name: str, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where row 0 of a 16-row group of `name` keeps each byte of its row-major row (offsets
-    in the group), and how far row r's byte lies from row 0's per r: a row's row-major bytes
-    are group[at + r * step]."""
+    in the group), how far row r's byte lies from row 0's per r, and what each byte is XORed
+    with back to row-major: a row's row-major bytes are group[at + r * step] ^ flip."""
     fmt, base = block_format(name), INTERLEAVED_BASE[name]
     group_block = INTERLEAVED_ROWS * fmt.block_bytes
-    head = [0, 1] if base == "Q8_0" else [0, 1, 32, 33]  # d (and m): 2 bytes a row
-    runs = 32 if base == "Q8_0" else 16  # bytes of integers a row
-    body = [64 + 64 * (j // 4) + j % 4 for j in range(runs)]  # 4 bytes a row in each chunk
+    runs = _head_runs(base)
+    head = [o for k in range(runs) for o in (32 * k, 32 * k + 1)]  # d (and m): 2 bytes a row
+    width = 32 if base == "Q8_0" else 16  # bytes of integers a row
+    start = 32 * runs
+    body = [start + 64 * (j // 4) + j % 4 for j in range(width)]  # 4 bytes a row a chunk
     at = [b * group_block + o for b in range(num_blocks) for o in head + body]
-    step = [2] * len(head) + [4] * runs
-    return torch.tensor(at), torch.tensor(step * num_blocks)
+    step = [2] * len(head) + [4] * width
+    flip = [0] * len(head) + [0x80 if base == "Q8_0" else 0] * width
+    return (
+        torch.tensor(at),
+        torch.tensor(step * num_blocks),
+        torch.tensor(flip * num_blocks, dtype=torch.uint8),
+    )
 
 
 def select_rows(blocks: torch.Tensor, name: str, ids: torch.Tensor) -> tuple[torch.Tensor, str]:
@@ -164,10 +178,11 @@ def select_rows(blocks: torch.Tensor, name: str, ids: torch.Tensor) -> tuple[tor
     if name not in INTERLEAVED:
         return blocks.index_select(0, ids), name
     group_bytes = INTERLEAVED_ROWS * blocks.shape[1]
-    at, step = _row_gather(name, blocks.shape[1] // block_format(name).block_bytes)
+    at, step, flip = _row_gather(name, blocks.shape[1] // block_format(name).block_bytes)
     lane = (ids % INTERLEAVED_ROWS).unsqueeze(1)
     index = (ids // INTERLEAVED_ROWS * group_bytes).unsqueeze(1) + at + lane * step
-    return blocks.reshape(-1).take(index.to(blocks.device)), INTERLEAVED_BASE[name]
+    rows = blocks.reshape(-1).take(index.to(blocks.device)) ^ flip.to(blocks.device)
+    return rows, INTERLEAVED_BASE[name]
 
 
 def row_bytes(name: str, in_features: int) -> int:

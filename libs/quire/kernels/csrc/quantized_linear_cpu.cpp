@@ -157,7 +157,7 @@ bool format_of(int64_t type, Format* out) {
     case kQ4_1: *out = {32, 20}; return true;
     case kQ4_Z: *out = {32, 20}; return true;
     case kQ8_0: *out = {32, 34}; return true;
-    case kQ8_0x16: *out = {32, 36}; return true;  // per row: a group's 576 bytes over 16
+    case kQ8_0x16: *out = {32, 34}; return true;  // per row: a group's 544 bytes over 16
     case kQ4_1x16: *out = {32, 20}; return true;  // 320 over 16
     case kQ4_K: *out = {256, 144}; return true;
     case kQ5_K: *out = {256, 176}; return true;
@@ -446,13 +446,15 @@ struct Int8Rows {
   const int8_t* q;    // [num_rows][K]
   const float* d;     // [num_rows][num_blocks]
   const float* s;     // [num_rows][num_blocks]
+  const int32_t* sums;  // [num_rows][num_blocks]: sum(q) of each block
   int64_t k_dim;
   int64_t num_blocks;
 };
 
-// Row r of x into q[K], d[num_blocks], s[num_blocks]: the same float32 operations as the oracle
-// (127 / amax and amax / 127 divided, x * inv rounded half to even).
-void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, float* s) {
+// Row r of x into q[K], d[num_blocks], s[num_blocks], sums[num_blocks]: the same float32
+// operations as the oracle (127 / amax and amax / 127 divided, x * inv rounded half to even).
+void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, float* s,
+                       int32_t* sums) {
   for (int64_t b = 0; b < num_blocks; ++b) {
     const float* v = x + 32 * b;
     float amax = 0.0f;
@@ -466,6 +468,7 @@ void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, 
     }
     d[b] = amax / 127.0f;
     s[b] = d[b] * static_cast<float>(sum);
+    sums[b] = sum;
   }
 }
 
@@ -473,16 +476,19 @@ void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, 
 struct Int8Activations {
   std::vector<int8_t> q;
   std::vector<float> d, s;
+  std::vector<int32_t> sums;
   Int8Rows rows;
 
   Int8Activations(const float* xs, int64_t x_stride, int64_t num_rows, int64_t num_blocks)
       : q(num_rows * 32 * num_blocks),
         d(num_rows * num_blocks),
         s(num_rows * num_blocks),
-        rows{q.data(), d.data(), s.data(), 32 * num_blocks, num_blocks} {
+        sums(num_rows * num_blocks),
+        rows{q.data(), d.data(), s.data(), sums.data(), 32 * num_blocks, num_blocks} {
     for (int64_t r = 0; r < num_rows; ++r) {
       quantize_row_int8(xs + r * x_stride, num_blocks, q.data() + r * rows.k_dim,
-                        d.data() + r * num_blocks, s.data() + r * num_blocks);
+                        d.data() + r * num_blocks, s.data() + r * num_blocks,
+                        sums.data() + r * num_blocks);
     }
   }
 };
@@ -629,9 +635,9 @@ void int8_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_ro
 // int32 lane. A 32-weight block of 16 rows is 8 of them, its scales 16 float16 lanes loaded as
 // one vector: each lane of the float accumulator is one output column, and the 16 outputs of a
 // group are stored at once with no horizontal sum. vpdpbusd multiplies unsigned by signed
-// bytes: Q4_1x16's nibbles are the unsigned side; Q8_0x16's weights are signed, so x goes in as
-// q + 128 (unsigned) and 128 times the block's stored sum of weights is taken off the integer
-// dot. Per block: d_w d_x sum(q_w q_x) (+ m_w s_x for Q4_1x16), as int8_linear.
+// bytes: the weights are the unsigned side, Q4_1x16's nibbles as they are and Q8_0x16's
+// integers stored plus 128, so 128 times the block's sum of x's integers is taken off the
+// integer dot. Per block: d_w d_x sum(q_w q_x) (+ m_w s_x for Q4_1x16), as int8_linear.
 
 inline bool has_avx512_vnni() {
   static const bool has = __builtin_cpu_supports("avx512vnni");
@@ -639,13 +645,13 @@ inline bool has_avx512_vnni() {
 }
 
 template <int64_t kType>
-constexpr int64_t kGroupBlockBytes = kType == kQ8_0x16 ? 576 : 320;
+constexpr int64_t kGroupBlockBytes = kType == kQ8_0x16 ? 544 : 320;
 
 // out[r * out_stride + j], j < 16: rows first .. first + kRows - 1 of x against the group of 16
 // rows of W at `group` (its blocks one after another).
 template <int64_t kType, int kRows>
 __attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const Int8Rows& x,
-                                                   const uint8_t* xu, int64_t first, float* out,
+                                                   int64_t first, float* out,
                                                    int64_t out_stride) {
   __m512 acc[kRows];
   for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
@@ -653,7 +659,6 @@ __attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const I
   for (int64_t i = 0; i < x.num_blocks; ++i) {
     const uint8_t* b = group + i * kGroupBlockBytes<kType>;
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
-    const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
     __m512i w[8];
     if constexpr (kType == kQ4_1x16) {
       for (int t = 0; t < 4; ++t) {
@@ -662,35 +667,28 @@ __attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const I
         w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles);  // 16 + 4t..
       }
     } else {
-      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(b + 64 + 64 * t);
+      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(b + 32 + 64 * t);
     }
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = first + r;
       const int64_t at = row * x.num_blocks + i;
-      // x's 32 inputs of this block as 8 runs of 4 bytes (q, or q + 128 for Q8_0x16)
-      const uint8_t* xb = (kType == kQ8_0x16 ? xu : reinterpret_cast<const uint8_t*>(x.q)) +
-                          row * x.k_dim + 32 * i;
+      // x's 32 inputs of this block as 8 runs of 4 bytes
+      const int8_t* xb = x.q + row * x.k_dim + 32 * i;
       int32_t runs[8];
       std::memcpy(runs, xb, 32);
       __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
       for (int t = 0; t < 8; t += 2) {
         const __m512i x0 = _mm512_set1_epi32(runs[t]), x1 = _mm512_set1_epi32(runs[t + 1]);
-        if constexpr (kType == kQ4_1x16) {
-          s0 = _mm512_dpbusd_epi32(s0, w[t], x0);
-          s1 = _mm512_dpbusd_epi32(s1, w[t + 1], x1);
-        } else {
-          s0 = _mm512_dpbusd_epi32(s0, x0, w[t]);
-          s1 = _mm512_dpbusd_epi32(s1, x1, w[t + 1]);
-        }
+        s0 = _mm512_dpbusd_epi32(s0, w[t], x0);
+        s1 = _mm512_dpbusd_epi32(s1, w[t + 1], x1);
       }
       __m512i dot = _mm512_add_epi32(s0, s1);
-      if constexpr (kType == kQ8_0x16) {
-        dot = _mm512_sub_epi32(dot, _mm512_slli_epi32(_mm512_cvtepi16_epi32(second), 7));
-      }
+      if constexpr (kType == kQ8_0x16) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * x.sums[at]));
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
       if constexpr (kType == kQ4_1x16) {
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(second), _mm512_set1_ps(x.s[at]), acc[r]);
+        const __m256i mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(mins), _mm512_set1_ps(x.s[at]), acc[r]);
       }
     }
   }
@@ -698,11 +696,11 @@ __attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const I
 }
 
 template <int64_t kType, int kRows = kInt8Rows>
-void x16_rows(int64_t num_rows, const uint8_t* group, const Int8Rows& x, const uint8_t* xu,
-              int64_t first, float* out, int64_t out_stride) {
+void x16_rows(int64_t num_rows, const uint8_t* group, const Int8Rows& x, int64_t first,
+              float* out, int64_t out_stride) {
   if constexpr (kRows > 0) {
-    if (num_rows == kRows) return x16_dot<kType, kRows>(group, x, xu, first, out, out_stride);
-    x16_rows<kType, kRows - 1>(num_rows, group, x, xu, first, out, out_stride);
+    if (num_rows == kRows) return x16_dot<kType, kRows>(group, x, first, out, out_stride);
+    x16_rows<kType, kRows - 1>(num_rows, group, x, first, out, out_stride);
   }
 }
 
@@ -711,12 +709,6 @@ void x16_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_row
                 float* out) {
   const Int8Activations activations(xs, x_stride, num_rows, num_blocks);
   const Int8Rows& x = activations.rows;
-  const std::vector<int8_t>& q = activations.q;
-  std::vector<uint8_t> u;
-  if (type == kQ8_0x16) {
-    u.resize(q.size());
-    for (size_t j = 0; j < q.size(); ++j) u[j] = static_cast<uint8_t>(q[j]) ^ 0x80;  // q + 128
-  }
   const int64_t groups = n_dim / kGroupRows;
   const int64_t threads = at::get_num_threads();
   const int64_t grain = std::max<int64_t>(1, (groups + threads - 1) / threads);
@@ -727,9 +719,9 @@ void x16_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_row
         const int64_t rows = std::min<int64_t>(kInt8Rows, num_rows - first);
         float* o = out + first * n_dim + g * kGroupRows;
         if (type == kQ8_0x16) {
-          x16_rows<kQ8_0x16>(rows, group, x, u.data(), first, o, n_dim);
+          x16_rows<kQ8_0x16>(rows, group, x, first, o, n_dim);
         } else {
-          x16_rows<kQ4_1x16>(rows, group, x, nullptr, first, o, n_dim);
+          x16_rows<kQ4_1x16>(rows, group, x, first, o, n_dim);
         }
       }
     }
@@ -740,14 +732,17 @@ void x16_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_row
 void dequantize_group(int64_t type, const uint8_t* group, int64_t num_blocks, float* out,
                       int64_t k_dim) {
   for (int64_t i = 0; i < num_blocks; ++i) {
-    const uint8_t* b = group + i * (type == kQ8_0x16 ? 576 : 320);
+    const uint8_t* b = group + i * (type == kQ8_0x16 ? 544 : 320);
     for (int64_t r = 0; r < kGroupRows; ++r) {
       const float d = f16(b + 2 * r);
       float* o = out + r * k_dim + 32 * i;
-      const uint8_t* qs = b + 64 + 4 * r;  // chunk t's bytes of row r at qs + 64 t
+      // chunk t's bytes of row r at qs + 64 t, after the 16 scales (and Q4_1x16's 16 mins)
+      const uint8_t* qs = b + (type == kQ8_0x16 ? 32 : 64) + 4 * r;
       if (type == kQ8_0x16) {
         for (int t = 0; t < 8; ++t) {
-          for (int p = 0; p < 4; ++p) o[4 * t + p] = d * static_cast<int8_t>(qs[64 * t + p]);
+          for (int p = 0; p < 4; ++p) {
+            o[4 * t + p] = d * static_cast<float>(static_cast<int>(qs[64 * t + p]) - 128);
+          }
         }
       } else {
         const float m = f16(b + 32 + 2 * r);
