@@ -683,7 +683,9 @@ __attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const I
         s1 = _mm512_dpbusd_epi32(s1, w[t + 1], x1);
       }
       __m512i dot = _mm512_add_epi32(s0, s1);
-      if constexpr (kType == kQ8_0x16) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * x.sums[at]));
+      if constexpr (kType == kQ8_0x16) {
+        dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(128 * x.sums[at]));  // the +128 of w
+      }
       const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at]));
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
       if constexpr (kType == kQ4_1x16) {
