@@ -19,7 +19,7 @@ DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # fraction of free GPU memory the KV cach
 PREEMPTION_MODES = ("recompute", "swap")  # EngineConfig.preemption_mode's values
 PULL_POLICIES = ("measured", "always")  # EngineConfig.pull_policy's values
 QUANTIZED_ACTIVATIONS = ("int8", "float32")  # EngineConfig.quantized_activations' values
-KV_CACHE_DTYPES = ("float32", "bfloat16", "float16")  # EngineConfig.kv_cache_dtype's, but auto
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")  # dtype's and kv_cache_dtype's, besides auto
 
 
 def _setting(default: Any, help: str) -> Any:
@@ -103,11 +103,11 @@ class EngineConfig:
             )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.dtype not in ("auto", *FLOAT_DTYPES):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
-        if self.kv_cache_dtype not in ("auto", *KV_CACHE_DTYPES):
+        if self.kv_cache_dtype not in ("auto", *FLOAT_DTYPES):
             raise ValueError(
-                f"kv_cache_dtype must be auto, {', '.join(KV_CACHE_DTYPES)}, "
+                f"kv_cache_dtype must be auto, {', '.join(FLOAT_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
             )
         if self.pull_policy not in PULL_POLICIES:

@@ -118,7 +118,7 @@ def interleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
         head = torch.cat([d, m], dim=-1)
     # head: [.., 16 rows, 2 or 4] -> runs of 16 values; q: [.., 16 rows, chunks, 4] -> chunk-major
     g, b = grouped.shape[0], nb
-    runs = head.shape[-1] // 2
+    runs = _head_runs(name)
     head = head.reshape(g, b, INTERLEAVED_ROWS, runs, 2).permute(0, 1, 3, 2, 4)
     body = q.reshape(g, b, INTERLEAVED_ROWS, -1, 4).permute(0, 1, 3, 2, 4)
     out = torch.cat([head.reshape(g, b, -1), body.reshape(g, b, -1)], dim=-1)
@@ -146,7 +146,8 @@ def deinterleave(blocks: torch.Tensor, name: str) -> tuple[torch.Tensor, str]:
 
 
 def _head_runs(base: str) -> int:
-    """Runs of 16 float16 values that open an interleaved block: d (Q8_0), d then m (Q4_1)."""
+    """Runs of 16 float16 values that open an interleaved block: d (Q8_0), d then m (Q4_0,
+    Q4_1)."""
     return 1 if base == "Q8_0" else 2
 
 

@@ -80,12 +80,14 @@ class PagedAttention:
         # A cache narrower than the model (EngineConfig.kv_cache_dtype): the new keys and
         # values are stored rounded to it, and the kernels read the queries in it too.
         out_dtype = q.dtype
-        if key_cache.dtype != q.dtype:
+        narrow = key_cache.dtype != out_dtype
+        if narrow:
             q, k, v = q.to(key_cache.dtype), k.to(key_cache.dtype), v.to(key_cache.dtype)
         # Write first: every query then reads its own chunk back from the cache, so a
         # cached prefix and the new chunk are one code path.
         kernels.write_kv_cache(k, v, key_cache, value_cache, meta.slot_mapping)
-        return self._attend(q, key_cache, value_cache, meta).to(out_dtype)
+        out = self._attend(q, key_cache, value_cache, meta)
+        return out.to(out_dtype) if narrow else out
 
     def _attend(
         self,

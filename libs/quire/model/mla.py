@@ -143,21 +143,24 @@ class MlaAttention:
         (latent_cache,) = kv_cache
         # A narrower cache (EngineConfig.kv_cache_dtype) stores the latent rounded to it; the
         # attention then reads the query in it and hands back x's dtype.
-        reference_mla.write_latent_cache(
-            latent.to(latent_cache.dtype), latent_cache, meta.slot_mapping
-        )
+        narrow = latent_cache.dtype != x.dtype
+        if narrow:
+            latent = latent.to(latent_cache.dtype)
+        reference_mla.write_latent_cache(latent, latent_cache, meta.slot_mapping)
         # query: [num_tokens, heads, lora + rope], q_nope absorbed through W_UK: [heads, T, lora]
         query = x.new_empty((num_tokens, self.num_heads, mla.latent_dim))
         query[..., :lora] = torch.bmm(q[..., :nope].transpose(0, 1), self.w_uk).transpose(0, 1)
         query[..., lora:] = q[..., nope:]
         attn = reference_mla.paged_mla_attention(
-            query.to(latent_cache.dtype),
+            query.to(latent_cache.dtype) if narrow else query,
             latent_cache,
             meta.block_tables,
             meta.cu_query_lens,
             meta.context_lens,
             lora,
             mla.softmax_scale,
-        ).to(x.dtype)  # [num_tokens, heads, lora]
+        )  # [num_tokens, heads, lora]
+        if narrow:
+            attn = attn.to(x.dtype)
         out = torch.bmm(attn.transpose(0, 1), self.w_uv_t)  # [heads, num_tokens, v]
         return self.o(out.transpose(0, 1).reshape(num_tokens, -1))

@@ -67,18 +67,20 @@ at::Tensor decoder_layer(at::Tensor x, at::Tensor residual, bool add_input,
   // the attention reads the queries in it and its output is widened back, as
   // quire.model.attention.PagedAttention does.
   const at::ScalarType cache_type = key_cache.scalar_type();
-  if (cache_type != q.scalar_type()) q = q.to(cache_type);
-  write_kv_cache_(k.to(cache_type), v.to(cache_type), key_cache, value_cache, slot_mapping);
+  const bool narrow = cache_type != x.scalar_type();
+  if (narrow) q = q.to(cache_type);
+  write_kv_cache_(narrow ? k.to(cache_type) : k, narrow ? v.to(cache_type) : v, key_cache,
+                  value_cache, slot_mapping);
   const at::Tensor tables = unit_last_stride(block_tables);
-  const at::Tensor attn =
+  at::Tensor attn =
       cu_query_lens.has_value()
           ? paged_prefill_attention(q, key_cache, value_cache, tables, *cu_query_lens,
                                     context_lens, scale, sliding_window, std::nullopt,
                                     std::nullopt)
           : paged_decode_attention(q, key_cache, value_cache, tables, context_lens, scale,
                                    sliding_window, std::nullopt, std::nullopt);
-  at::Tensor h = layer_linear(attn.reshape({-1, q_size}).to(x.scalar_type()), o, o_type, hidden,
-                             int8_activations);
+  if (narrow) attn = attn.to(x.scalar_type());
+  at::Tensor h = layer_linear(attn.reshape({-1, q_size}), o, o_type, hidden, int8_activations);
   add_rms_norm_(h, residual, post_norm, eps);
   const std::vector<at::Tensor> halves =
       layer_linear(h, gate_up, gate_up_type, 2 * intermediate_size, int8_activations)

@@ -443,18 +443,19 @@ void direct_linear(int64_t type, const float* x, int64_t x_stride, int64_t num_r
 constexpr int kInt8Rows = 4;  // rows of x per pass over a row of W
 
 struct Int8Rows {
-  const int8_t* q;    // [num_rows][K]
-  const float* d;     // [num_rows][num_blocks]
-  const float* s;     // [num_rows][num_blocks]
+  const int8_t* q;      // [num_rows][K]
+  const float* d;       // [num_rows][num_blocks]
   const int32_t* sums;  // [num_rows][num_blocks]: sum(q) of each block
   int64_t k_dim;
   int64_t num_blocks;
+
+  // d * sum(q) of block `at` (row * num_blocks + block): the oracle's s_x, in its float32.
+  float s(int64_t at) const { return d[at] * static_cast<float>(sums[at]); }
 };
 
-// Row r of x into q[K], d[num_blocks], s[num_blocks], sums[num_blocks]: the same float32
-// operations as the oracle (127 / amax and amax / 127 divided, x * inv rounded half to even).
-void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, float* s,
-                       int32_t* sums) {
+// Row r of x into q[K], d[num_blocks], sums[num_blocks]: the same float32 operations as the
+// oracle (127 / amax and amax / 127 divided, x * inv rounded half to even).
+void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, int32_t* sums) {
   for (int64_t b = 0; b < num_blocks; ++b) {
     const float* v = x + 32 * b;
     float amax = 0.0f;
@@ -467,7 +468,6 @@ void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, 
       sum += qi;
     }
     d[b] = amax / 127.0f;
-    s[b] = d[b] * static_cast<float>(sum);
     sums[b] = sum;
   }
 }
@@ -475,20 +475,18 @@ void quantize_row_int8(const float* x, int64_t num_blocks, int8_t* q, float* d, 
 // num_rows rows of x (x_stride apart) quantized by quantize_row_int8, and their Int8Rows.
 struct Int8Activations {
   std::vector<int8_t> q;
-  std::vector<float> d, s;
+  std::vector<float> d;
   std::vector<int32_t> sums;
   Int8Rows rows;
 
   Int8Activations(const float* xs, int64_t x_stride, int64_t num_rows, int64_t num_blocks)
       : q(num_rows * 32 * num_blocks),
         d(num_rows * num_blocks),
-        s(num_rows * num_blocks),
         sums(num_rows * num_blocks),
-        rows{q.data(), d.data(), s.data(), sums.data(), 32 * num_blocks, num_blocks} {
+        rows{q.data(), d.data(), sums.data(), 32 * num_blocks, num_blocks} {
     for (int64_t r = 0; r < num_rows; ++r) {
       quantize_row_int8(xs + r * x_stride, num_blocks, q.data() + r * rows.k_dim,
-                        d.data() + r * num_blocks, s.data() + r * num_blocks,
-                        sums.data() + r * num_blocks);
+                        d.data() + r * num_blocks, sums.data() + r * num_blocks);
     }
   }
 };
@@ -536,7 +534,7 @@ void int8_dot(const uint8_t* row, int64_t row_bytes, const Int8Rows& x, int64_t 
         }
         const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
         acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * x.d[at]), dot, acc[r][c]);
-        if constexpr (kType != kQ8_0) mins[r][c] += mw * x.s[at];
+        if constexpr (kType != kQ8_0) mins[r][c] += mw * x.s(at);
       }
     }
   }
@@ -644,8 +642,12 @@ inline bool has_avx512_vnni() {
   return has;
 }
 
-template <int64_t kType>
-constexpr int64_t kGroupBlockBytes = kType == kQ8_0x16 ? 544 : 320;
+// Bytes of one block of an interleaved group of 16 rows, and of its head (the 16 scales d,
+// then Q4_1x16's 16 mins m) before the integers.
+constexpr int64_t group_head_bytes(int64_t type) { return type == kQ8_0x16 ? 32 : 64; }
+constexpr int64_t group_block_bytes(int64_t type) {
+  return group_head_bytes(type) + (type == kQ8_0x16 ? 512 : 256);
+}
 
 // out[r * out_stride + j], j < 16: rows first .. first + kRows - 1 of x against the group of 16
 // rows of W at `group` (its blocks one after another).
@@ -657,17 +659,18 @@ __attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const I
   for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low_nibbles = _mm512_set1_epi8(0x0F);
   for (int64_t i = 0; i < x.num_blocks; ++i) {
-    const uint8_t* b = group + i * kGroupBlockBytes<kType>;
+    const uint8_t* b = group + i * group_block_bytes(kType);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b)));
+    const uint8_t* body = b + group_head_bytes(kType);  // the integers, 64-byte chunks
     __m512i w[8];
     if constexpr (kType == kQ4_1x16) {
       for (int t = 0; t < 4; ++t) {
-        const __m512i raw = _mm512_loadu_si512(b + 64 + 64 * t);
+        const __m512i raw = _mm512_loadu_si512(body + 64 * t);
         w[t] = _mm512_and_si512(raw, low_nibbles);                             // inputs 4t..
         w[t + 4] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles);  // 16 + 4t..
       }
     } else {
-      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(b + 32 + 64 * t);
+      for (int t = 0; t < 8; ++t) w[t] = _mm512_loadu_si512(body + 64 * t);
     }
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = first + r;
@@ -690,7 +693,7 @@ __attribute__((target("avx512vnni"))) void x16_dot(const uint8_t* group, const I
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[r]);
       if constexpr (kType == kQ4_1x16) {
         const __m256i mins = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 32));
-        acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(mins), _mm512_set1_ps(x.s[at]), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtph_ps(mins), _mm512_set1_ps(x.s(at)), acc[r]);
       }
     }
   }
@@ -734,12 +737,11 @@ void x16_linear(int64_t type, const float* xs, int64_t x_stride, int64_t num_row
 void dequantize_group(int64_t type, const uint8_t* group, int64_t num_blocks, float* out,
                       int64_t k_dim) {
   for (int64_t i = 0; i < num_blocks; ++i) {
-    const uint8_t* b = group + i * (type == kQ8_0x16 ? 544 : 320);
+    const uint8_t* b = group + i * group_block_bytes(type);
     for (int64_t r = 0; r < kGroupRows; ++r) {
       const float d = f16(b + 2 * r);
       float* o = out + r * k_dim + 32 * i;
-      // chunk t's bytes of row r at qs + 64 t, after the 16 scales (and Q4_1x16's 16 mins)
-      const uint8_t* qs = b + (type == kQ8_0x16 ? 32 : 64) + 4 * r;
+      const uint8_t* qs = b + group_head_bytes(type) + 4 * r;  // chunk t's at qs + 64 t
       if (type == kQ8_0x16) {
         for (int t = 0; t < 8; ++t) {
           for (int p = 0; p < 4; ++p) {
