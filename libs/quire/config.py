@@ -84,6 +84,12 @@ class EngineConfig:
         "integers, as llama.cpp does) or float32 (the dequantized weights times float32 "
         "activations, the torch oracle's values); longer steps and other formats are float32",
     )
+    huge_pages: bool = _setting(
+        True,
+        "on a Linux CPU whose kernel offers transparent huge pages (enabled: madvise or "
+        "always), keep the weights and the KV blocks in 2 MiB pages: a decode step streams "
+        "every weight, and in 4 KiB pages that stream pays a TLB miss every 4 KiB",
+    )
     pull_policy: str = _setting(
         "measured",
         "whether to copy an offered prefix from the peer that holds it: measured (only while "

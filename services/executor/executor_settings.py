@@ -110,6 +110,7 @@ class ExecutorSettings(BaseSettings):
     swap_space: float = _engine("swap_space", ge=0)
     pull_policy: Literal["measured", "always"] = _engine("pull_policy")
     quantized_activations: Literal["int8", "float32"] = _engine("quantized_activations")
+    huge_pages: bool = _engine("huge_pages")
     torch_threads: int = Field(
         default=0,
         ge=0,

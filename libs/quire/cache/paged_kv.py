@@ -20,6 +20,7 @@ writing its slot of its own group's blocks.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ import torch
 import quire.kernels as kernels
 from quire.model.attention import KVCache
 from quire.model.attention_layout import KVGroups
+from quire.model.huge_pages import zeros as huge_page_zeros
 from quire.model.model_config import ModelConfig
 
 
@@ -80,7 +82,10 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device,
         groups: KVGroups | None = None,
+        huge_pages: bool = False,
     ) -> None:
+        """`huge_pages`: the planes in transparent huge pages where the CPU's kernel offers
+        them (quire.model.huge_pages)."""
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.dtype = dtype
@@ -89,8 +94,9 @@ class PagedKVCache:
         layer = layer_cache_shape(config)
         shape = (num_blocks, block_size, layer.num_heads, layer.head_dim)
         # Zeroed, not empty: never-written slots must not hold NaNs a masked kernel could touch.
+        zeros = functools.partial(huge_page_zeros if huge_pages else torch.zeros, shape)
         self.slots: list[KVCache] = [
-            tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layer.num_planes))
+            tuple(zeros(dtype=dtype, device=device) for _ in range(layer.num_planes))
             for _ in range(self.groups.num_slots)
         ]
         # Per layer, the slot it reads and writes (through its group's block tables).

@@ -100,7 +100,13 @@ class LLMEngine:
         # The KV tensors hold exactly the blocks the allocator hands out; the runner holds
         # the block tables that index them.
         self.runner = ModelRunner(
-            self.model, num_blocks, config.block_size, self.kv_dtype, self.device, groups
+            self.model,
+            num_blocks,
+            config.block_size,
+            self.kv_dtype,
+            self.device,
+            groups,
+            huge_pages=config.huge_pages,
         )
         layout = TableLayout(groups.windows)
         if allocator is None and allocator_factory is not None:

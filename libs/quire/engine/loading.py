@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,14 @@ import torch
 
 from quire.cache.paged_kv import kv_bytes_per_block
 from quire.config import DEFAULT_CPU_KV_CACHE_BYTES, DEFAULT_GPU_MEMORY_UTILIZATION, EngineConfig
+from quire.model import huge_pages
 from quire.model.attention_layout import KVGroups
 from quire.model.checkpoint import load_tokenizer, resolve_model_path
 from quire.model.decoder import DecoderModel
 from quire.model.loader import build_model, load_checkpoint
 from quire.model.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ def load_engine_model(config: EngineConfig) -> LoadedModel:
         model_config = dataclasses.replace(model_config, max_model_len=config.max_model_len)
     model = build_model(model_config, state, device)
     del state
+    moved = huge_pages.move_into_huge_pages(model) if config.huge_pages else 0
+    if moved:
+        log.info("weights in huge pages: %.1f MiB", moved / 2**20)
     tokenizer = load_tokenizer(path)
     return LoadedModel(
         path=path,

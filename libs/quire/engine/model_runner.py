@@ -67,10 +67,11 @@ class ModelRunner:
         kv_dtype: torch.dtype,
         device: torch.device,
         groups: KVGroups | None = None,
+        huge_pages: bool = False,
     ) -> None:
         """`kv_dtype`: the KV blocks' (EngineConfig.kv_cache_dtype); `groups`: how the layers
         share blocks (quire.model.attention_layout); None: one table, every layer in every
-        block."""
+        block; `huge_pages`: the blocks in huge pages where offered (EngineConfig.huge_pages)."""
         self.model = model
         self.block_size = block_size
         self.device = device
@@ -78,7 +79,9 @@ class ModelRunner:
         # request (then every step asks it, and it does nothing without constrained rows).
         self.structured: StructuredOutputs | None = None
         # The physical KV blocks, and the block copy path (read/write blocks as host buffers).
-        self.kv = PagedKVCache(model.config, num_blocks, block_size, kv_dtype, device, groups)
+        self.kv = PagedKVCache(
+            model.config, num_blocks, block_size, kv_dtype, device, groups, huge_pages
+        )
         self.groups = self.kv.groups
         # The executor's one record of the block tables that index these tensors: the
         # scheduler's allocator steps apply to it, slot mappings are built from it. With

@@ -3,15 +3,15 @@ rotary tables): what `--model` costs in memory before the KV cache."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 
-def resident_bytes(root: Any) -> int:
-    """Bytes of every tensor storage reachable from `root` through attributes, lists, tuples
-    and dicts, each storage counted once (a tied embedding and LM head share one)."""
-    storages: dict[int, int] = {}
+def reachable_tensors(root: Any) -> Iterator[torch.Tensor]:
+    """Every tensor reachable from `root` through attributes, lists, tuples and dicts, each
+    object once."""
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -20,8 +20,7 @@ def resident_bytes(root: Any) -> int:
             continue
         seen.add(id(obj))
         if isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
+            yield obj
         elif isinstance(obj, dict):
             stack.extend(obj.values())
         elif isinstance(obj, list | tuple | set | frozenset):
@@ -30,4 +29,13 @@ def resident_bytes(root: Any) -> int:
             stack.extend(vars(obj).values())
         elif hasattr(obj, "__slots__"):
             stack.extend(getattr(obj, s) for s in obj.__slots__ if hasattr(obj, s))
+
+
+def resident_bytes(root: Any) -> int:
+    """Bytes of every tensor storage reachable from `root`, each storage counted once (a tied
+    embedding and LM head share one)."""
+    storages: dict[int, int] = {}
+    for tensor in reachable_tensors(root):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())

@@ -56,6 +56,9 @@ using quire_cpu::can_use_avx512_bf16;
 constexpr int64_t kTileCols = 64;  // output columns per tile: four 16-lane vectors
 constexpr int kVectors = 4;        // vectors per tile row
 constexpr int kMaxRows = 6;        // rows of x per pass: 24 accumulators + 4 weights in registers
+// How far ahead of its loads a tile's first pass over x prefetches the weights: a few k steps
+// (eight bfloat16 pairs, 32 float32 steps), near enough to stay in L2 until read.
+constexpr int kPrefetchBytes = 2048;
 
 #if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
 #define QUIRE_PACKED_AVX2 1
@@ -81,19 +84,21 @@ inline __mmask16 column_mask(int num_cols, int first) {
 }
 
 // rows x [kRows, K] times one tile: acc[r][v] over the tile's 64 columns, then bias, rounding
-// and a store of the columns < num_cols.
+// and a store of the columns < num_cols. With `prefetch`, the tile's stream is prefetched
+// kPrefetchBytes ahead (into the next tile past its end: tiles lie back to back).
 template <int kRows>
 void tile_float(const float* x, int64_t x_stride, const float* tile, int64_t k_dim,
-                const float* bias, float* out, int64_t out_stride, int num_cols,
-                const float* next_tile) {
+                const float* bias, float* out, int64_t out_stride, int num_cols, bool prefetch) {
   __m512 acc[kRows][kVectors];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t k = 0; k < k_dim; ++k) {
     const float* w = tile + k * kTileCols;
-    if (next_tile != nullptr) {
-      for (int v = 0; v < kVectors; ++v) __builtin_prefetch(next_tile + k * kTileCols + 16 * v, 0, 2);
+    if (prefetch) {
+      for (int v = 0; v < kVectors; ++v) {
+        __builtin_prefetch(reinterpret_cast<const char*>(w + 16 * v) + kPrefetchBytes, 0, 2);
+      }
     }
     __m512 wv[kVectors];
     for (int v = 0; v < kVectors; ++v) wv[v] = _mm512_loadu_ps(w + 16 * v);
@@ -119,17 +124,16 @@ __attribute__((target("avx512bf16"))) void tile_bf16(const c10::BFloat16* x, int
                                                      const c10::BFloat16* tile, int64_t k_dim,
                                                      const c10::BFloat16* bias,
                                                      c10::BFloat16* out, int64_t out_stride,
-                                                     int num_cols,
-                                                     const c10::BFloat16* next_tile) {
+                                                     int num_cols, bool prefetch) {
   __m512 acc[kRows][kVectors];
   for (int r = 0; r < kRows; ++r) {
     for (int v = 0; v < kVectors; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t pair = 0; pair < k_dim / 2; ++pair) {
     const c10::BFloat16* w = tile + pair * 2 * kTileCols;
-    if (next_tile != nullptr) {
+    if (prefetch) {
       for (int v = 0; v < kVectors; ++v) {
-        __builtin_prefetch(next_tile + pair * 2 * kTileCols + 32 * v, 0, 2);
+        __builtin_prefetch(reinterpret_cast<const char*>(w + 32 * v) + kPrefetchBytes, 0, 2);
       }
     }
     __m512bh wv[kVectors];
@@ -322,7 +326,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
         tile_all_rows(num_rows, [&](auto rows, int64_t row) {
           tile_float<decltype(rows)::value>(xs + row * x_stride, x_stride, tile, k_dim, b,
                                             o + row * out_features, out_features, num_cols,
-                                            row == 0 && t + 1 < end ? tile + tile_elems : nullptr);
+                                            row == 0);
         });
       } else {
         const c10::BFloat16* xs = x.data_ptr<c10::BFloat16>();
@@ -332,7 +336,7 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed,
         tile_all_rows(num_rows, [&](auto rows, int64_t row) {
           tile_bf16<decltype(rows)::value>(xs + row * x_stride, x_stride, tile, k_dim, b,
                                            o + row * out_features, out_features, num_cols,
-                                           row == 0 && t + 1 < end ? tile + tile_elems : nullptr);
+                                           row == 0);
         });
       }
     }
