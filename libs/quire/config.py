@@ -18,6 +18,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 << 30  # KV budget on CPU when num_kv_blocks is N
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # fraction of free GPU memory the KV cache may take
 PREEMPTION_MODES = ("recompute", "swap")  # EngineConfig.preemption_mode's values
 PULL_POLICIES = ("measured", "always")  # EngineConfig.pull_policy's values
+SCHEDULING_POLICIES = ("fcfs", "shortest")  # EngineConfig.scheduling_policy's values
 QUANTIZED_ACTIVATIONS = ("int8", "float32")  # EngineConfig.quantized_activations' values
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")  # dtype's and kv_cache_dtype's, besides auto
 
@@ -50,6 +51,13 @@ class EngineConfig:
         2048, "most tokens per engine step (longer prompts are chunked)"
     )
     max_model_len: int | None = _setting(None, "context cap (default: the model's)")
+    scheduling_policy: str = _setting(
+        "fcfs",
+        "which waiting prompts a step admits first: fcfs (arrival order) or shortest (the "
+        "shortest prefill first, a prompt's waiting time counted against its length so none "
+        "starves, and a burst split where the shorter prompts' earlier first tokens save more "
+        "than one more step costs: first tokens sooner, the stream's pauses longer)",
+    )
     dtype: str = _setting(
         "auto",
         "auto (bfloat16 on CUDA and on CPUs with native bf16: AVX512_BF16 or AMX, else "
@@ -115,6 +123,11 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_dtype must be auto, {', '.join(FLOAT_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
+            )
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
             )
         if self.pull_policy not in PULL_POLICIES:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""Continuous-batching scheduler: FCFS admission, chunked prefill, preemption.
+"""Continuous-batching scheduler: admission, chunked prefill, preemption.
 
 Each step it decides how many tokens every sequence runs (token budget
 `max_num_batched_tokens`, at most `max_num_seqs` running), asks the block
@@ -12,6 +12,16 @@ object for the engine to swap out. When it is re-admitted, its computed tokens a
 allocator's prefix hits plus what a `PrefixLoader` (swap mode: quire.engine.swap) wrote
 into the blocks after them: both are tokens it did not compute, counted the same way.
 
+Admission order (SchedulerConfig.shortest_first, EngineConfig.scheduling_policy). "fcfs":
+arrival order. "shortest": resumed sequences first in arrival order, then waiting prompts by
+their prefill's estimated time less the time they have waited (so a long prompt outranks any
+newcomer once it has waited its own prefill's length: nothing starves), and a burst of
+prompts that fits one step may be split: the step admits only the first k of them when the
+time the k save (each gets its first token one step earlier, before the rest's tokens are
+computed) exceeds what the others lose (one more step's fixed cost and its decode rows). The
+costs are the engine's steps, fitted (quire.engine.step_costs); until they are measured the
+order is arrival order.
+
 An admitted prompt's next blocks may also be offered from a peer executor (the memory
 manager's `PullOffer`, right after the local hits): a `BlockPuller` copies them into the
 prompt's new blocks and they count as computed too. Whether it pulled or not, the offer's
@@ -22,6 +32,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -40,6 +51,7 @@ from quire.cache.block_transfer import PullStats
 from quire.config import EngineConfig
 from quire.engine.pull_choice import PullCostModel
 from quire.engine.sequence import SeqStatus, Sequence
+from quire.engine.step_costs import StepCostModel
 
 
 class BlockPuller(Protocol):
@@ -61,10 +73,16 @@ class SchedulerConfig:
     max_num_seqs: int  # most sequences running at once
     max_num_batched_tokens: int  # most tokens (prefill chunks + decodes) per step
     extra_key: str  # mixed into block hashes (model id)
+    shortest_first: bool = False  # admission order (EngineConfig.scheduling_policy "shortest")
 
     @classmethod
     def of(cls, config: EngineConfig, extra_key: str = "") -> SchedulerConfig:
-        return cls(config.max_num_seqs, config.max_num_batched_tokens, extra_key)
+        return cls(
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            extra_key,
+            shortest_first=config.scheduling_policy == "shortest",
+        )
 
 
 class PrefixLoader(Protocol):
@@ -146,6 +164,8 @@ class Scheduler:
         # Copies peers' blocks offered to admitted prompts; None: offers are declined.
         self.puller = puller
         self.pull_costs = PullCostModel()  # whether an offer is worth taking (measured)
+        self.step_costs = StepCostModel()  # the engine's steps, for shortest-first admission
+        self._waiting_since: dict[str, float] = {}  # seq_id -> when it last began to wait
         self._pending_released_pins: list[str] = []
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -158,6 +178,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self._waiting_since[seq.seq_id] = time.monotonic()
 
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` was sampled from `parent`'s logits; it shares the parent's blocks."""
@@ -183,6 +204,7 @@ class Scheduler:
             self._pending_frees.append(seq.seq_id)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
+        self._waiting_since.pop(seq.seq_id, None)
         seq.status = SeqStatus.FINISHED
 
     def has_work(self) -> bool:
@@ -228,12 +250,14 @@ class Scheduler:
                 budget -= n
         admits: list[Sequence] = []
         num_slots = self.config.max_num_seqs - len(self.running)
-        for seq in self.waiting:
+        for seq in self._admission_order():
             if budget <= 0 or len(admits) >= num_slots:
                 break
             admits.append(seq)
             plan[seq.seq_id] = min(seq.num_tokens, budget)
             budget -= plan[seq.seq_id]
+        if self.config.shortest_first:
+            admits = self._split_burst(admits, plan)
 
         request = self._take_pending(
             appends=tuple(
@@ -278,6 +302,7 @@ class Scheduler:
             if seq.seq_id in not_admitted:
                 continue
             self.waiting.remove(seq)
+            self._waiting_since.pop(seq.seq_id, None)
             seq.status = SeqStatus.RUNNING
             seq.num_allocated_tokens = seq.num_tokens
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
@@ -296,6 +321,38 @@ class Scheduler:
             out.scheduled.append(self._scheduled(seq, n))
         self.running.sort(key=lambda s: s.priority)
         return out
+
+    def _admission_order(self) -> Iterable[Sequence]:
+        """The waiting sequences in the order they are offered this step's room."""
+        costs = self.step_costs
+        if not self.config.shortest_first or costs.per_token_s is None or len(self.waiting) < 2:
+            return self.waiting
+        now, per_token = time.monotonic(), costs.per_token_s
+
+        def urgency(seq: Sequence) -> tuple[float, tuple[int, int]]:
+            waited = now - self._waiting_since.get(seq.seq_id, now)
+            return (seq.num_tokens * per_token - waited, seq.priority)
+
+        resumed = [s for s in self.waiting if s.request.was_scheduled]
+        fresh = [s for s in self.waiting if not s.request.was_scheduled]
+        return resumed + sorted(fresh, key=urgency)
+
+    def _split_burst(self, admits: list[Sequence], plan: dict[str, int]) -> list[Sequence]:
+        """The leading admits worth a step of their own: the first k, where k maximizes
+        k * per_token * (tokens after the k-th) - (m - k) * (one more step), if positive."""
+        costs = self.step_costs
+        if len(admits) < 2 or costs.per_token_s is None or costs.fixed_s is None:
+            return admits
+        per_token = costs.per_token_s
+        extra_step = costs.fixed_s + per_token * len(self.running)
+        total = sum(plan[s.seq_id] for s in admits)
+        best_k, best_saving, head = len(admits), 0.0, 0
+        for k in range(1, len(admits)):
+            head += plan[admits[k - 1].seq_id]
+            saving = k * per_token * (total - head) - (len(admits) - k) * extra_step
+            if saving > best_saving:
+                best_k, best_saving = k, saving
+        return admits[:best_k]
 
     def _pull(self, seq: Sequence, offer: PullOffer) -> int:
         """Tokens copied from a peer into the blocks right after `seq`'s prefix hits."""
@@ -340,6 +397,7 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
+        self._waiting_since[seq.seq_id] = time.monotonic()
         position = 0
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1

@@ -1,0 +1,149 @@
+"""Shortest-first admission: the fitted step costs, the order, the split of a burst, aging, and
+the tokens, which are those of arrival order."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from quire import LLM, SamplingParams
+from quire.block.manager import BlockManager
+from quire.engine.scheduler import Scheduler
+from quire.engine.step_costs import MIN_STEPS, StepCostModel
+
+from .test_scheduler import budgets, make_seq, run_step, scheduler
+
+
+def shortest(**fields: int) -> Scheduler:
+    """A shortest-first scheduler over a roomy pool, step budgets `fields`."""
+    return scheduler(budgets(scheduling_policy="shortest", **fields), BlockManager(256, 16))
+
+
+def fitted(fixed_s: float, per_token_s: float) -> StepCostModel:
+    model = StepCostModel()
+    for tokens in (8, 64, 200, 512, 16, 1024, 90, 300):
+        model.observe(tokens, fixed_s + per_token_s * tokens)
+    return model
+
+
+class FrozenCosts(StepCostModel):
+    """Costs set by the test, deaf to the machine's step times."""
+
+    def observe(self, num_tokens: int, seconds: float) -> None:
+        pass
+
+
+def test_the_line_is_fitted_from_steps_once_there_are_enough() -> None:
+    model = StepCostModel()
+    for tokens in (10, 100, 1000, 50, 500, 5, 2000)[: MIN_STEPS - 1]:
+        model.observe(tokens, 0.02 + 0.001 * tokens)
+    assert not model.fitted
+    model.observe(300, 0.02 + 0.001 * 300)
+    assert model.per_token_s == pytest.approx(0.001)
+    assert model.fixed_s == pytest.approx(0.02)
+
+    same = StepCostModel()
+    for _ in range(MIN_STEPS * 2):
+        same.observe(64, 0.05)
+    assert not same.fitted, "steps of one size cannot tell the fixed cost from the per-token one"
+
+
+def burst(sched: Scheduler, lengths: list[int]) -> None:
+    for i, n in enumerate(lengths):
+        sched.add(make_seq(f"p{i}", i, n))
+
+
+def test_a_burst_runs_its_shortest_prompts_first_in_a_step_of_their_own() -> None:
+    sched = shortest(max_num_batched_tokens=2048)
+    sched.step_costs = fitted(fixed_s=0.02, per_token_s=0.001)
+    burst(sched, [700, 10, 300, 12])
+    out = run_step(sched)
+    # Sorted 10, 12, 300, 700: admitting k saves k * 1 ms * (tokens after them) and costs the
+    # others a step of 20 ms each: k=1 0.95 s, k=2 1.96 s, k=3 2.08 s, so k = 3.
+    assert [s.seq.seq_id for s in out.scheduled] == ["p1#0", "p3#0", "p2#0"]
+    assert [s.seq_id for s in sched.waiting] == ["p0#0"]
+    out = run_step(sched)
+    assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {
+        "p1#0": 1,
+        "p3#0": 1,
+        "p2#0": 1,
+        "p0#0": 700,
+    }
+
+
+def test_no_split_where_one_more_step_costs_more_than_it_saves() -> None:
+    sched = shortest(max_num_batched_tokens=2048)
+    # A step's fixed cost of 5 s dwarfs what 10-20 tokens cost: one step for all.
+    sched.step_costs = fitted(fixed_s=5.0, per_token_s=0.001)
+    burst(sched, [20, 10, 15])
+    out = run_step(sched)
+    assert [s.seq.seq_id for s in out.scheduled] == ["p1#0", "p2#0", "p0#0"]
+    assert not sched.waiting
+
+
+def test_fcfs_and_unmeasured_costs_keep_arrival_order() -> None:
+    fcfs = scheduler(
+        budgets(max_num_batched_tokens=2048, scheduling_policy="fcfs"), BlockManager(256, 16)
+    )
+    fcfs.step_costs = fitted(fixed_s=0.02, per_token_s=0.001)
+    unmeasured = shortest(max_num_batched_tokens=2048)
+    for sched in (fcfs, unmeasured):
+        burst(sched, [700, 10, 300, 12])
+        out = run_step(sched)
+        assert [s.seq.seq_id for s in out.scheduled] == ["p0#0", "p1#0", "p2#0", "p3#0"]
+
+
+def test_a_long_prompt_that_waited_its_own_prefill_goes_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr("quire.engine.scheduler.time.monotonic", lambda: now[0])
+    sched = shortest(max_num_batched_tokens=700)
+    sched.step_costs = fitted(fixed_s=0.02, per_token_s=0.001)
+    sched.add(make_seq("long", 0, 700))
+    now[0] += 0.9
+    sched.add(make_seq("short", 1, 10))
+    now[0] += 0.1
+    # long: 0.7 s of prefill, waited 1.0 s; short: 0.01 s, waited 0.1 s.
+    out = run_step(sched)
+    assert [s.seq.seq_id for s in out.scheduled] == ["long#0"]
+
+    fresh = shortest(max_num_batched_tokens=700)
+    fresh.step_costs = fitted(fixed_s=0.02, per_token_s=0.001)
+    fresh.add(make_seq("long", 0, 700))
+    fresh.add(make_seq("short", 1, 10))
+    out = run_step(fresh)
+    assert [s.seq.seq_id for s in out.scheduled][0] == "short#0"
+
+
+def test_greedy_tokens_are_those_of_arrival_order(tiny_model: Path) -> None:
+    rng = random.Random(21)
+    lengths = [300, 5, 90, 17, 250, 33, 8, 140]
+    prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
+    params = [SamplingParams(temperature=0, max_tokens=12 + i) for i in range(len(lengths))]
+    runs = {}
+    for policy in ("fcfs", "shortest"):
+        llm = LLM(model=str(tiny_model), dtype="float32", scheduling_policy=policy)
+        costs = FrozenCosts()
+        costs.fixed_s, costs.per_token_s = 0.002, 0.001
+        llm.engine.scheduler.step_costs = costs
+        admitted: list[str] = []
+        schedule = llm.engine.scheduler.schedule
+
+        def recording(schedule=schedule, admitted=admitted):  # type: ignore[no-untyped-def]
+            out = schedule()
+            admitted.extend(out.first_scheduled)
+            return out
+
+        llm.engine.scheduler.schedule = recording  # type: ignore[method-assign]
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        arrival_order = [o.request_id for o in outputs]
+        runs[policy] = ([o.outputs[0].token_ids for o in outputs], admitted, arrival_order)
+    fcfs_tokens, fcfs_order, arrivals = runs["fcfs"]
+    shortest_tokens, shortest_order, shortest_arrivals = runs["shortest"]
+    assert shortest_tokens == fcfs_tokens
+    assert fcfs_order == arrivals
+    by_length = sorted(shortest_arrivals, key=lambda rid: lengths[shortest_arrivals.index(rid)])
+    assert shortest_order == by_length, "shortest-first did not admit the burst by length"
