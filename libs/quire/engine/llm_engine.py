@@ -288,7 +288,8 @@ class LLMEngine:
         ):
             # a pass over prompt tokens: what computing a prefix costs, for pull-or-compute
             self.scheduler.pull_costs.observe_compute(step.num_tokens, executed - scheduled)
-        if not step.is_empty():
+        if self.scheduler.config.shortest_first and not step.is_empty():
+            # its only reader: arrival order needs no step costs, and the fit is per step
             self.scheduler.step_costs.observe(step.num_tokens, time.perf_counter() - started)
         return StepResult(outputs, step_stats(step, output, occupancy, times, swap, pull))
 

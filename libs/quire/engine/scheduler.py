@@ -165,7 +165,6 @@ class Scheduler:
         self.puller = puller
         self.pull_costs = PullCostModel()  # whether an offer is worth taking (measured)
         self.step_costs = StepCostModel()  # the engine's steps, for shortest-first admission
-        self._waiting_since: dict[str, float] = {}  # seq_id -> when it last began to wait
         self._pending_released_pins: list[str] = []
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -178,7 +177,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
-        self._waiting_since[seq.seq_id] = time.monotonic()
+        seq.waiting_since = time.monotonic()
 
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` was sampled from `parent`'s logits; it shares the parent's blocks."""
@@ -204,7 +203,6 @@ class Scheduler:
             self._pending_frees.append(seq.seq_id)
         elif seq.status is SeqStatus.WAITING and seq in self.waiting:
             self.waiting.remove(seq)
-        self._waiting_since.pop(seq.seq_id, None)
         seq.status = SeqStatus.FINISHED
 
     def has_work(self) -> bool:
@@ -302,7 +300,6 @@ class Scheduler:
             if seq.seq_id in not_admitted:
                 continue
             self.waiting.remove(seq)
-            self._waiting_since.pop(seq.seq_id, None)
             seq.status = SeqStatus.RUNNING
             seq.num_allocated_tokens = seq.num_tokens
             seq.num_computed_tokens = result.num_cached_tokens[seq.seq_id]
@@ -330,8 +327,7 @@ class Scheduler:
         now, per_token = time.monotonic(), costs.per_token_s
 
         def urgency(seq: Sequence) -> tuple[float, tuple[int, int]]:
-            waited = now - self._waiting_since.get(seq.seq_id, now)
-            return (seq.num_tokens * per_token - waited, seq.priority)
+            return (seq.num_tokens * per_token - (now - seq.waiting_since), seq.priority)
 
         resumed = [s for s in self.waiting if s.request.was_scheduled]
         fresh = [s for s in self.waiting if not s.request.was_scheduled]
@@ -397,7 +393,7 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
-        self._waiting_since[seq.seq_id] = time.monotonic()
+        seq.waiting_since = time.monotonic()
         position = 0
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1

@@ -35,6 +35,7 @@ class Sequence:
     cumulative_logprob: float = 0.0
     finish_reason: str | None = None
     stop_reason: int | None = None  # the stop token id that ended it
+    waiting_since: float = 0.0  # time.monotonic() when it last began to wait (scheduler's)
 
     @property
     def num_tokens(self) -> int:

@@ -20,6 +20,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,11 +83,7 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     """torch.zeros, in huge pages on a CPU where they are available."""
     if device.type != "cpu" or not available():
         return torch.zeros(shape, dtype=dtype, device=device)
-    numel = 1
-    for size in shape:
-        numel *= size
-    elem = torch.empty(0, dtype=dtype).element_size()
-    return empty_bytes(numel * elem).view(dtype).view(shape).zero_()
+    return empty_bytes(math.prod(shape) * dtype.itemsize).view(dtype).view(shape).zero_()
 
 
 def _movable(tensor: torch.Tensor) -> bool:
