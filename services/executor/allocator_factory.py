@@ -15,6 +15,7 @@ from quire.engine.llm_engine import AllocatorFactory
 from quire.engine.scheduler import BlockPuller
 from services.executor.block_puller import GrpcBlockPuller
 from services.executor.executor_settings import LOCAL_MEMORY_MANAGER, ExecutorSettings
+from services.executor.peer_reads import PeerReads
 from services.executor.remote_allocator import AllocatorUnavailableError, RemoteBlockAllocator
 
 log = structlog.get_logger("quire.executor.allocator")
@@ -60,15 +61,21 @@ def allocator_factory(
     return make
 
 
-def puller_factory(settings: ExecutorSettings) -> Callable[[PagedKVCache], BlockPuller] | None:
+def puller_factory(
+    settings: ExecutorSettings, reads: PeerReads
+) -> Callable[[PagedKVCache], BlockPuller] | None:
     """What copies peers' blocks into the engine's cache; None where nothing offers them (an
-    in-process allocator) or pulls are off."""
+    in-process allocator) or pulls are off. A pull waiting for its blocks runs `reads`."""
     if settings.memory_manager == LOCAL_MEMORY_MANAGER or not settings.enable_pulls:
         return None
 
     def make(kv: PagedKVCache) -> BlockPuller:
         return GrpcBlockPuller(
-            kv, settings.pull_timeout_s, settings.tls_ca, settings.pull_source_cooldown_s
+            kv,
+            settings.pull_timeout_s,
+            settings.tls_ca,
+            settings.pull_source_cooldown_s,
+            while_waiting=reads.run_pending,
         )
 
     return make

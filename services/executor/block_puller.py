@@ -13,12 +13,19 @@ A pull runs inside a step, so every stream of this executor waits for it: its de
 whose pull timed out or that was unreachable is not pulled from again for `cooldown_s`: a
 frozen peer (a paused container, a stuck process) costs its followers one deadline, not one per
 offer. (A router's stall bound, --executor-stall-s, must exceed `timeout_s`.)
+
+While it waits for blocks the engine thread runs `while_waiting` (the executor: its queued
+peer reads, services/executor/peer_reads.py): the source may be waiting, inside a pull of its
+own, for a read of this executor's blocks. The stream is received on a thread of its own and
+handed over through a queue, so the engine thread can do both.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 import structlog
@@ -35,6 +42,8 @@ log = structlog.get_logger("quire.executor.pull")
 
 DEADLINE_FACTOR = 10.0  # a pull's deadline, in multiples of its measured duration
 MIN_DEADLINE_S = 0.5  # the shortest deadline (scheduling delays on a loaded host)
+# How long the engine thread waits for the next block before it runs `while_waiting` again.
+WAIT_SLICE_S = 0.001
 # Failures that say the source is unreachable or not answering (not a refused pin).
 UNRESPONSIVE = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE})
 
@@ -49,6 +58,7 @@ class GrpcBlockPuller:
         tls_ca: str = "",
         cooldown_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
+        while_waiting: Callable[[], object] = lambda: None,
     ) -> None:
         self.kv = kv
         self.layout = layout(kv)
@@ -62,6 +72,8 @@ class GrpcBlockPuller:
         # Seconds per pulled block, a moving average over whole pulls (its "tokens" are blocks).
         self.measured = PullCostModel()
         self._avoid_until: dict[str, float] = {}  # source address -> when to try it again
+        # run on the engine thread while a pull waits for its next block (module docstring)
+        self.while_waiting = while_waiting
 
     def deadline_s(self, num_blocks: int) -> float:
         """The deadline of a pull of `num_blocks` blocks (see the module docstring)."""
@@ -81,10 +93,9 @@ class GrpcBlockPuller:
             granted_by=offer.granted_by, block_ids=offer.source_block_ids, layout=self.layout
         )
         received: list[bytes] = []
+        call = self._stub(address).ReadBlocks(request, timeout=self.deadline_s(len(block_ids)))
         try:
-            for message in self._stub(address).ReadBlocks(
-                request, timeout=self.deadline_s(len(block_ids))
-            ):
+            for message in self._received(call):
                 if (
                     message.index != len(received)
                     or len(message.data) != self.kv.bytes_per_block
@@ -108,6 +119,8 @@ class GrpcBlockPuller:
             )
             if exc.code() in UNRESPONSIVE:
                 self._avoid_until[address] = self.clock() + self.cooldown_s
+        finally:
+            call.cancel()  # a no-op once the stream ended; frees the receiver when it did not
         if received:
             self.kv.write_blocks(block_ids[: len(received)], rows_from_bytes(self.kv, received))
         seconds = time.perf_counter() - started
@@ -115,6 +128,32 @@ class GrpcBlockPuller:
         if received and len(received) == len(block_ids):
             self.measured.observe_pull(len(received), seconds)
         return len(received)
+
+    def _received(self, call: Iterator[pb.BlockData]) -> Iterator[pb.BlockData]:
+        """`call`'s messages, received on a thread of their own; the call's RpcError raised
+        here. Between messages the engine thread runs `while_waiting`."""
+        inbox: queue.SimpleQueue[pb.BlockData | grpc.RpcError | None] = queue.SimpleQueue()
+
+        def receive() -> None:
+            try:
+                for message in call:
+                    inbox.put(message)
+                inbox.put(None)
+            except grpc.RpcError as exc:
+                inbox.put(exc)
+
+        threading.Thread(target=receive, name="pull-receive", daemon=True).start()
+        while True:
+            try:
+                item = inbox.get(timeout=WAIT_SLICE_S)
+            except queue.Empty:
+                self.while_waiting()
+                continue
+            if item is None:
+                return
+            if isinstance(item, grpc.RpcError):
+                raise item
+            yield item
 
     def close(self) -> None:
         for channel in self._channels:

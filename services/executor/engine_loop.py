@@ -31,9 +31,11 @@ from quire.engine.llm_engine import LLMEngine
 from quire.engine.stats import StepStats
 from quire.outputs import RequestDelta
 from quire.sampling_params import SamplingParams
+from services.executor.call_futures import resolve
 from services.executor.core_share import CoreShare
 from services.executor.executor_logging import RequestIds
 from services.executor.executor_metrics import ExecutorMetrics
+from services.executor.peer_reads import PeerReads
 from services.executor.remote_allocator import RemoteBlockAllocator
 
 log = structlog.get_logger("quire.executor.engine_loop")
@@ -68,16 +70,6 @@ class _Timing:
     arrived_at: float  # monotonic time the add was submitted
     first_token_at: float | None = None
     last_token_at: float | None = None
-
-
-def _resolve(fn: Callable[[], T], future: Future[T]) -> None:
-    """Run `fn` into `future` (its result or error), unless the future was cancelled."""
-    if not future.set_running_or_notify_cancel():
-        return
-    try:
-        future.set_result(fn())
-    except BaseException as exc:
-        future.set_exception(exc)
 
 
 class EngineThread:
@@ -118,7 +110,7 @@ class EngineThread:
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:
-            _resolve(*item)
+            resolve(*item)
 
 
 class EngineLoop:
@@ -135,6 +127,7 @@ class EngineLoop:
         cores: CoreShare | None = None,
         threads: int | None = None,
         thread: EngineThread | None = None,
+        reads: PeerReads | None = None,
     ) -> None:
         """`on_step_error` is called on the loop thread after a failed step has dropped
         every request (the server decides whether the error is fatal). `request_ids` maps
@@ -143,7 +136,8 @@ class EngineLoop:
         who has work); None: every step runs on `threads` torch threads (None: as they are).
         The count is set on the loop thread before every step: set only once (at start-up, on
         the process's main thread or on this one) a lone two-thread executor's steps ran on
-        about one core (docs/benchmarks.md, "One executor with every core")."""
+        about one core (docs/benchmarks.md, "One executor with every core"). `reads`: peers'
+        block reads, run before every step (and by a pull waiting inside one: peer_reads)."""
         self.cores = cores
         self.threads = threads
         self.engine = engine
@@ -156,6 +150,8 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._commands: list[Callable[[], None]] = []
         self._stopping = False
+        self.reads = reads if reads is not None else PeerReads()
+        self.reads.wake = self._wake
         # the thread the engine was built on (EngineThread), else one of the loop's own
         self._thread = thread if thread is not None else EngineThread()
         # Owned by the loop thread only:
@@ -176,9 +172,13 @@ class EngineLoop:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the engine loop is stopped")
-            self._commands.append(lambda: _resolve(fn, future))
+            self._commands.append(lambda: resolve(fn, future))
             self._cond.notify()
         return future
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
 
     def add(
         self,
@@ -219,6 +219,7 @@ class EngineLoop:
 
     def stop(self, timeout: float | None = None) -> None:
         """Abort whatever still runs, stop the thread and wait for it."""
+        self.reads.close()  # those already queued still run before the loop ends
         with self._cond:
             self._stopping = True
             self._cond.notify()
@@ -234,7 +235,12 @@ class EngineLoop:
             with self._cond:
                 if self.cores is not None and not self._has_work():
                     self.cores.idle()  # the siblings may take this executor's cores
-                while not self._commands and not self._stopping and not self._has_work():
+                while (
+                    not self._commands
+                    and not self._stopping
+                    and not self.reads.has_pending()
+                    and not self._has_work()
+                ):
                     stale_in = self._load_at + self.idle_load_interval_s - time.monotonic()
                     if stale_in <= 0:
                         break
@@ -243,6 +249,7 @@ class EngineLoop:
                 stopping = self._stopping
             for command in commands:
                 command()
+            self.reads.run_pending()
             if stopping:
                 for request_id in list(self._sinks):
                     self._abort(request_id)

@@ -34,6 +34,7 @@ from services.executor.executor_metrics import ExecutorMetrics
 from services.executor.executor_servicer import ExecutorIdentity, ExecutorServicer
 from services.executor.executor_settings import ExecutorSettings
 from services.executor.liveness import LivenessPublisher
+from services.executor.peer_reads import PeerReads
 from services.rpc import executor_pb2, executor_pb2_grpc
 
 log = structlog.get_logger("quire.executor")
@@ -64,6 +65,8 @@ class ExecutorServer:
         self.identity: ExecutorIdentity | None = None
         self.engine: LLMEngine | None = None
         self.loop: EngineLoop | None = None
+        # peers' block reads; the engine's pulls and its loop both run them (peer_reads)
+        self.reads = PeerReads()
         self.servicer: ExecutorServicer | None = None
         self.liveness: LivenessPublisher | None = None
         self.metrics: ExecutorMetrics | None = None
@@ -140,6 +143,7 @@ class ExecutorServer:
             cores=cores,
             threads=s.torch_threads or None,
             thread=engine_thread,
+            reads=self.reads,
         )
         self.loop.start()
         self.servicer = ExecutorServicer(
@@ -191,7 +195,9 @@ class ExecutorServer:
             identity.address,
             step_metadata=self.request_ids.step_metadata,
         )
-        return LLMEngine(config, allocator_factory=factory, puller_factory=alloc.puller_factory(s))
+        return LLMEngine(
+            config, allocator_factory=factory, puller_factory=alloc.puller_factory(s, self.reads)
+        )
 
     def request_stop(self, exit_code: int = 0) -> None:
         """Ask `wait_stop_requested()` to return (signal handler, fatal engine error)."""

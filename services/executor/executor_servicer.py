@@ -222,9 +222,10 @@ class ExecutorServicer(executor_pb2_grpc.ExecutorServicer):
         """A peer copies blocks pinned here for it (services/executor/block_reads.py)."""
         engine = self.loop.engine
         try:
-            # On the engine thread, between steps (copies and checksums off the event loop, and
-            # no second thread running torch's parallel work: engine_loop.EngineThread)
-            read = self.loop.submit(
+            # On the engine thread, between steps or while a step waits on a pull (copies and
+            # checksums off the event loop, and no second thread running torch's parallel work:
+            # services/executor/peer_reads.py)
+            read = self.loop.reads.submit(
                 lambda: read_blocks(engine.runner.kv, engine.allocator, request)
             )
         except RuntimeError:  # the loop stopped: this executor is going away

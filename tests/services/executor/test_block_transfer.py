@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -18,6 +19,7 @@ from quire.cache.paged_kv import PagedKVCache
 from quire.model.model_config import ModelConfig
 from services.executor.block_puller import MIN_DEADLINE_S, GrpcBlockPuller
 from services.executor.block_reads import ReadRefused, read_blocks
+from services.executor.peer_reads import PeerReads
 from services.rpc import executor_pb2 as pb
 from services.rpc import executor_pb2_grpc
 from services.stack.ports import free_port
@@ -187,6 +189,57 @@ def test_a_frozen_source_costs_a_deadline_scaled_to_measured_pulls(source: Paged
         puller.close()
         healthy_server.stop(None)
         frozen_server.stop(None)
+
+
+class EngineThreadReads(executor_pb2_grpc.ExecutorServicer):
+    """Serves `kv`'s blocks the way an executor does: each read queued for its engine thread
+    (`reads`), the call waiting until that thread ran it."""
+
+    def __init__(self, kv: PagedKVCache, reads: PeerReads) -> None:
+        self.kv, self.reads = kv, reads
+
+    def ReadBlocks(  # noqa: N802
+        self, request: pb.ReadBlocksRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.BlockData]:
+        rows = self.reads.submit(lambda: block_bytes(self.kv.read_blocks(list(request.block_ids))))
+        for index, data in enumerate(rows.result(timeout=30)):
+            yield pb.BlockData(index=index, data=data, crc32=checksum(data))
+
+
+def test_two_executors_pulling_from_each_other_at_once_both_get_their_blocks(
+    source: PagedKVCache,
+) -> None:
+    # Each side's engine thread is inside a pull from the other when the other's read of its
+    # blocks arrives: run only between steps, neither read would run before both deadlines.
+    kvs = [source, empty_like(source)]
+    kvs[1].write_blocks([6, 7], source.read_blocks([3, 4]))
+    reads = [PeerReads(), PeerReads()]
+    servers = [serve(EngineThreadReads(kv, r)) for kv, r in zip(kvs, reads, strict=True)]
+    deadline_s = 3.0
+    pullers = [
+        GrpcBlockPuller(empty_like(source), timeout_s=deadline_s, while_waiting=r.run_pending)
+        for r in reads
+    ]
+    both_pulling = threading.Barrier(2)
+
+    def engine_thread(side: int, source_ids: tuple[int, ...]) -> tuple[int, float]:
+        both_pulling.wait()
+        started = time.monotonic()
+        num = pullers[side].pull(offer(servers[1 - side][1], source_ids), [0, 1])
+        return num, time.monotonic() - started
+
+    try:
+        with futures.ThreadPoolExecutor(2) as pool:
+            outcomes = list(pool.map(engine_thread, [0, 1], [(6, 7), (1, 2)]))
+    finally:
+        for puller in pullers:
+            puller.close()
+        for server, _ in servers:
+            server.stop(None)
+    assert [num for num, _ in outcomes] == [2, 2]
+    assert all(seconds < deadline_s / 2 for _, seconds in outcomes), outcomes
+    assert torch.equal(pullers[0].kv.read_blocks([0, 1]), source.read_blocks([3, 4]))
+    assert torch.equal(pullers[1].kv.read_blocks([0, 1]), source.read_blocks([1, 2]))
 
 
 def test_reads_are_refused_without_a_pin_of_the_current_manager(source: PagedKVCache) -> None:

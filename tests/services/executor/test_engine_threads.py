@@ -101,11 +101,15 @@ def test_the_engine_is_built_and_stepped_on_one_thread() -> None:
     loop = EngineLoop(engine, thread=thread)
     loop.start()
     assert loop.submit(threading.get_ident).result(10) == builder
+    # a peer's block read, queued while the loop idles, runs there too
+    assert loop.reads.submit(threading.get_ident).result(10) == builder
     stepped = each_step(engine, loop, threading.get_ident)
     assert stepped and set(stepped) == {builder} and builder != threading.get_ident()
     # a stopped loop takes no more commands
     with pytest.raises(RuntimeError, match="stopped"):
         loop.submit(lambda: None)
+    with pytest.raises(RuntimeError, match="stopped"):
+        loop.reads.submit(lambda: None)
     # nor does its thread, which has ended
     with pytest.raises(RuntimeError, match="closed"):
         thread.submit(lambda: None)
