@@ -58,6 +58,13 @@ class EngineConfig:
         "starves, and a burst split where the shorter prompts' earlier first tokens save more "
         "than one more step costs: first tokens sooner, the stream's pauses longer)",
     )
+    max_decode_stall: float = _setting(
+        4.0,
+        "under the shortest policy, how much longer than the decodes alone a step may run "
+        "while streams are decoding (a multiple of the decode step, both predicted from the "
+        "fitted step costs): the prompts it prefills are chunked to fit, so a split burst's "
+        "later prompts do not pause the streams already started; 0: no bound",
+    )
     dtype: str = _setting(
         "auto",
         "auto (bfloat16 on CUDA and on CPUs with native bf16: AVX512_BF16 or AMX, else "
@@ -123,6 +130,10 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_dtype must be auto, {', '.join(FLOAT_DTYPES)}, "
                 f"got {self.kv_cache_dtype!r}"
+            )
+        if self.max_decode_stall != 0 and self.max_decode_stall < 1:
+            raise ValueError(
+                f"max_decode_stall must be 0 (no bound) or at least 1, got {self.max_decode_stall}"
             )
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(

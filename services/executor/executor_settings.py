@@ -101,6 +101,7 @@ class ExecutorSettings(BaseSettings):
     max_num_batched_tokens: int = _engine("max_num_batched_tokens", ge=1)
     max_model_len: int | None = _engine("max_model_len", ge=2)
     scheduling_policy: Literal["fcfs", "shortest"] = _engine("scheduling_policy")
+    max_decode_stall: float = _engine("max_decode_stall")
     enable_prefix_caching: bool = _engine("enable_prefix_caching")
     free_outside_window: bool = _engine("free_outside_window")
     device: str = _engine("device")

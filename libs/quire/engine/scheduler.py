@@ -18,9 +18,12 @@ their prefill's estimated time less the time they have waited (so a long prompt 
 newcomer once it has waited its own prefill's length: nothing starves), and a burst of
 prompts that fits one step may be split: the step admits only the first k of them when the
 time the k save (each gets its first token one step earlier, before the rest's tokens are
-computed) exceeds what the others lose (one more step's fixed cost and its decode rows). The
-costs are the engine's steps, fitted (quire.engine.step_costs); until they are measured the
-order is arrival order.
+computed) exceeds what the others lose (one more step's fixed cost and its decode rows). While
+streams decode, a step's prompt tokens are bounded so it runs at most `max_decode_stall` times
+as long as its decodes alone: the later prompts of a split burst are chunked instead of
+pausing the streams that already started. The costs are the engine's steps, fitted
+(quire.engine.step_costs); until they are measured the order is arrival order and nothing is
+bounded.
 
 An admitted prompt's next blocks may also be offered from a peer executor (the memory
 manager's `PullOffer`, right after the local hits): a `BlockPuller` copies them into the
@@ -74,6 +77,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int  # most tokens (prefill chunks + decodes) per step
     extra_key: str  # mixed into block hashes (model id)
     shortest_first: bool = False  # admission order (EngineConfig.scheduling_policy "shortest")
+    # under shortest_first: a step beside decoding streams runs at most this many times the
+    # decodes alone (EngineConfig.max_decode_stall; 0: no bound)
+    max_decode_stall: float = 0.0
 
     @classmethod
     def of(cls, config: EngineConfig, extra_key: str = "") -> SchedulerConfig:
@@ -82,6 +88,7 @@ class SchedulerConfig:
             config.max_num_batched_tokens,
             extra_key,
             shortest_first=config.scheduling_policy == "shortest",
+            max_decode_stall=config.max_decode_stall,
         )
 
 
@@ -240,20 +247,25 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's work and make room for it in one allocator call."""
         budget = self.config.max_num_batched_tokens
+        prefill_room = self._prefill_room()  # of the budget, what prompts' tokens may take
         plan: dict[str, int] = {}  # seq_id -> tokens to compute this step (upper bound)
         for seq in self.running:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n > 1:  # a prompt's next chunk, not a decode
+                n = min(n, prefill_room)
+                prefill_room -= n
             if n > 0:
                 plan[seq.seq_id] = n
                 budget -= n
         admits: list[Sequence] = []
         num_slots = self.config.max_num_seqs - len(self.running)
         for seq in self._admission_order():
-            if budget <= 0 or len(admits) >= num_slots:
+            if min(budget, prefill_room) <= 0 or len(admits) >= num_slots:
                 break
             admits.append(seq)
-            plan[seq.seq_id] = min(seq.num_tokens, budget)
+            plan[seq.seq_id] = min(seq.num_tokens, budget, prefill_room)
             budget -= plan[seq.seq_id]
+            prefill_room -= plan[seq.seq_id]
         if self.config.shortest_first:
             admits = self._split_burst(admits, plan)
 
@@ -332,6 +344,25 @@ class Scheduler:
         resumed = [s for s in self.waiting if s.request.was_scheduled]
         fresh = [s for s in self.waiting if not s.request.was_scheduled]
         return resumed + sorted(fresh, key=urgency)
+
+    def _prefill_room(self) -> int:
+        """How many prompt tokens this step may run. Under shortest-first with streams
+        decoding: what keeps the step within `max_decode_stall` times the decodes alone,
+        predicted from the fitted costs (at least a block's worth, so prompts progress).
+        Otherwise the whole budget."""
+        budget, stall, costs = (
+            self.config.max_num_batched_tokens,
+            self.config.max_decode_stall,
+            self.step_costs,
+        )
+        if not self.config.shortest_first or not stall or costs.per_token_s is None:
+            return budget
+        num_decoding = sum(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
+        if num_decoding == 0:
+            return budget
+        decode_s = (costs.fixed_s or 0.0) + costs.per_token_s * num_decoding
+        room = int((stall - 1) * decode_s / costs.per_token_s)
+        return min(budget, max(self.allocator.block_size, room))
 
     def _split_burst(self, admits: list[Sequence], plan: dict[str, int]) -> list[Sequence]:
         """The leading admits worth a step of their own: the first k, where k maximizes

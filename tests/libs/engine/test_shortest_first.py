@@ -65,11 +65,13 @@ def test_a_burst_runs_its_shortest_prompts_first_in_a_step_of_their_own() -> Non
     assert [s.seq.seq_id for s in out.scheduled] == ["p1#0", "p3#0", "p2#0"]
     assert [s.seq_id for s in sched.waiting] == ["p0#0"]
     out = run_step(sched)
+    # p0 beside three decoding streams: chunked so the step runs at most max_decode_stall (4)
+    # times their decodes alone, 3 x (20 ms + 3 x 1 ms) = 69 ms, 69 tokens
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {
         "p1#0": 1,
         "p3#0": 1,
         "p2#0": 1,
-        "p0#0": 700,
+        "p0#0": 69,
     }
 
 
@@ -116,6 +118,54 @@ def test_a_long_prompt_that_waited_its_own_prefill_goes_first(
     fresh.add(make_seq("short", 1, 10))
     out = run_step(fresh)
     assert [s.seq.seq_id for s in out.scheduled][0] == "short#0"
+
+
+def decoding_then(sched: Scheduler, num_streams: int, later: int) -> None:
+    """`num_streams` 20-token prompts prefilled and decoding, then a `later`-token prompt."""
+    burst(sched, [20] * num_streams)
+    while sched.waiting:
+        run_step(sched)
+    assert len(sched.running) == num_streams and all(s.num_tokens - s.num_computed_tokens == 1 for s in sched.running)
+    sched.add(make_seq("later", num_streams, later))
+
+
+def test_a_prompt_arriving_beside_decoding_streams_is_chunked_to_the_stall_bound() -> None:
+    sched = shortest(max_num_batched_tokens=2048, max_decode_stall=4)
+    sched.step_costs = FrozenCosts()
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    decoding_then(sched, 4, 700)
+    # The decodes alone: 20 ms + 4 x 1 ms = 24 ms; four times that leaves 72 ms = 72 tokens.
+    chunks = []
+    while sched.waiting or any(s.seq_id == "later#0" for s in sched.running):
+        out = run_step(sched)
+        by_id = {s.seq.seq_id: s.num_new_tokens for s in out.scheduled}
+        assert all(by_id[f"p{i}#0"] == 1 for i in range(4)), "a stream skipped a step"
+        chunks.append(by_id.get("later#0", 0))
+        if chunks[-1] and sum(chunks) == 700:
+            break
+    assert chunks[:9] == [72] * 9 and sum(chunks) == 700
+
+    unbounded = shortest(max_num_batched_tokens=2048, max_decode_stall=0)
+    unbounded.step_costs = sched.step_costs
+    decoding_then(unbounded, 4, 700)
+    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(unbounded).scheduled}["later#0"] == 700
+
+
+def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
+    sched = shortest(max_num_batched_tokens=1000, max_decode_stall=2)
+    sched.step_costs = fitted(fixed_s=5.0, per_token_s=0.001)  # no split either
+    burst(sched, [600, 700])
+    out = run_step(sched)
+    assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 600, "p1#0": 400}
+    # then p1's rest is a prompt's chunk beside one decoding stream: bounded
+    # (5 s + 1 ms) x (2 - 1) / 1 ms = 5,001 tokens, so the budget is what bounds it
+    out = run_step(sched)
+    assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 1, "p1#0": 300}
+
+
+def test_a_bound_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_decode_stall"):
+        budgets(max_decode_stall=0.5)
 
 
 def test_greedy_tokens_are_those_of_arrival_order(tiny_model: Path) -> None:
