@@ -18,10 +18,10 @@ their prefill's estimated time less the time they have waited (so a long prompt 
 newcomer once it has waited its own prefill's length: nothing starves), and a burst of
 prompts that fits one step may be split: the step admits only the first k of them when the
 time the k save (each gets its first token one step earlier, before the rest's tokens are
-computed) exceeds what the others lose (one more step's fixed cost and its decode rows). Until
-the prompts a split deferred are prefilled, a step beside decoding streams runs at most
-`max_decode_stall` times as long as its decodes alone (its prompt tokens chunked to fit): the
-split's later prompts do not pause the streams it started for one long step. The costs are the engine's steps, fitted
+computed) exceeds what the others lose (one more step's fixed cost and its decode rows). While
+streams decode, a step's prompt tokens are bounded so it runs at most `max_decode_stall` times
+as long as its decodes alone: the later prompts of a split burst are chunked instead of
+pausing the streams that already started. The costs are the engine's steps, fitted
 (quire.engine.step_costs); until they are measured the order is arrival order and nothing is
 bounded.
 
@@ -346,11 +346,10 @@ class Scheduler:
         return resumed + sorted(fresh, key=urgency)
 
     def _prefill_room(self) -> int:
-        """How many prompt tokens this step may run. While a split burst's deferred prompts
-        are still to prefill and streams decode: what keeps the step within
-        `max_decode_stall` times the decodes alone, predicted from the fitted costs (at least
-        a block's worth, so prompts progress). Otherwise the whole budget: a prompt that
-        arrives on its own beside running streams is prefilled in one step, as under fcfs."""
+        """How many prompt tokens this step may run. Under shortest-first with streams
+        decoding: what keeps the step within `max_decode_stall` times the decodes alone,
+        predicted from the fitted costs (at least a block's worth, so prompts progress).
+        Otherwise the whole budget."""
         budget, stall, costs = (
             self.config.max_num_batched_tokens,
             self.config.max_decode_stall,
@@ -358,11 +357,8 @@ class Scheduler:
         )
         if not self.config.shortest_first or not stall or costs.per_token_s is None:
             return budget
-        deferred = any(s.deferred_by_split for s in self.waiting) or any(
-            s.deferred_by_split and s.num_tokens - s.num_computed_tokens > 1 for s in self.running
-        )
         num_decoding = sum(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
-        if not deferred or num_decoding == 0:
+        if num_decoding == 0:
             return budget
         decode_s = (costs.fixed_s or 0.0) + costs.per_token_s * num_decoding
         room = int((stall - 1) * decode_s / costs.per_token_s)
@@ -383,8 +379,6 @@ class Scheduler:
             saving = k * per_token * (total - head) - (len(admits) - k) * extra_step
             if saving > best_saving:
                 best_k, best_saving = k, saving
-        for seq in admits[best_k:]:
-            seq.deferred_by_split = True
         return admits[:best_k]
 
     def _pull(self, seq: Sequence, offer: PullOffer) -> int:
@@ -431,7 +425,6 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
         seq.waiting_since = time.monotonic()
-        seq.deferred_by_split = False
         position = 0
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1

@@ -36,9 +36,6 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | None = None  # the stop token id that ended it
     waiting_since: float = 0.0  # time.monotonic() when it last began to wait (scheduler's)
-    # passed over by a shortest-first split of its burst: its prefill yields to the streams
-    # that split started (scheduler's max_decode_stall)
-    deferred_by_split: bool = False
 
     @property
     def num_tokens(self) -> int:

@@ -120,32 +120,35 @@ def test_a_long_prompt_that_waited_its_own_prefill_goes_first(
     assert [s.seq.seq_id for s in out.scheduled][0] == "short#0"
 
 
-def test_a_split_burst_s_later_prompts_are_chunked_to_the_stall_bound() -> None:
+def decoding_then(sched: Scheduler, num_streams: int, later: int) -> None:
+    """`num_streams` 20-token prompts prefilled and decoding, then a `later`-token prompt."""
+    burst(sched, [20] * num_streams)
+    while sched.waiting:
+        run_step(sched)
+    assert len(sched.running) == num_streams and all(s.num_tokens - s.num_computed_tokens == 1 for s in sched.running)
+    sched.add(make_seq("later", num_streams, later))
+
+
+def test_a_prompt_arriving_beside_decoding_streams_is_chunked_to_the_stall_bound() -> None:
     sched = shortest(max_num_batched_tokens=2048, max_decode_stall=4)
     sched.step_costs = FrozenCosts()
     sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
-    burst(sched, [10, 12, 14, 16, 700])
-    run_step(sched)
-    assert [s.seq_id for s in sched.waiting] == ["p4#0"], "the split deferred the long prompt"
-    # The four streams' decodes alone: 20 ms + 4 x 1 ms = 24 ms; four times that leaves 72 ms
-    # for prompt tokens: 72 of them.
+    decoding_then(sched, 4, 700)
+    # The decodes alone: 20 ms + 4 x 1 ms = 24 ms; four times that leaves 72 ms = 72 tokens.
     chunks = []
-    while sum(chunks) < 700:
-        by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+    while sched.waiting or any(s.seq_id == "later#0" for s in sched.running):
+        out = run_step(sched)
+        by_id = {s.seq.seq_id: s.num_new_tokens for s in out.scheduled}
         assert all(by_id[f"p{i}#0"] == 1 for i in range(4)), "a stream skipped a step"
-        chunks.append(by_id["p4#0"])
-    assert chunks == [72] * 9 + [52]
-
-    # Once the burst is prefilled, a prompt arriving alone beside the streams runs whole.
-    sched.add(make_seq("later", 5, 600))
-    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
-    assert by_id["later#0"] == 600
+        chunks.append(by_id.get("later#0", 0))
+        if chunks[-1] and sum(chunks) == 700:
+            break
+    assert chunks[:9] == [72] * 9 and sum(chunks) == 700
 
     unbounded = shortest(max_num_batched_tokens=2048, max_decode_stall=0)
     unbounded.step_costs = sched.step_costs
-    burst(unbounded, [10, 12, 14, 16, 700])
-    run_step(unbounded)
-    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(unbounded).scheduled}["p4#0"] == 700
+    decoding_then(unbounded, 4, 700)
+    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(unbounded).scheduled}["later#0"] == 700
 
 
 def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
@@ -154,7 +157,8 @@ def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
     burst(sched, [600, 700])
     out = run_step(sched)
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 600, "p1#0": 400}
-    # then p1's rest beside one decoding stream: no split deferred it, so not bounded
+    # then p1's rest is a prompt's chunk beside one decoding stream: bounded
+    # (5 s + 1 ms) x (2 - 1) / 1 ms = 5,001 tokens, so the budget is what bounds it
     out = run_step(sched)
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 1, "p1#0": 300}
 
