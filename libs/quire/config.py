@@ -60,10 +60,11 @@ class EngineConfig:
     )
     max_decode_stall: float = _setting(
         4.0,
-        "under the shortest policy, how much longer than the decodes alone a step may run "
-        "while streams are decoding (a multiple of the decode step, both predicted from the "
-        "fitted step costs): the prompts it prefills are chunked to fit, so a split burst's "
-        "later prompts do not pause the streams already started; 0: no bound",
+        "under the shortest policy, in a burst (more than one prompt to prefill): how much "
+        "longer than the decodes alone a step may run while streams decode (a multiple of the "
+        "decode step, both predicted from the fitted step costs); its prompt tokens are chunked "
+        "to fit, so a split burst's later prompts do not pause the streams it started. A prompt "
+        "joining running streams alone is prefilled whole; 0: no bound",
     )
     dtype: str = _setting(
         "auto",

@@ -18,10 +18,12 @@ their prefill's estimated time less the time they have waited (so a long prompt 
 newcomer once it has waited its own prefill's length: nothing starves), and a burst of
 prompts that fits one step may be split: the step admits only the first k of them when the
 time the k save (each gets its first token one step earlier, before the rest's tokens are
-computed) exceeds what the others lose (one more step's fixed cost and its decode rows). While
-streams decode, a step's prompt tokens are bounded so it runs at most `max_decode_stall` times
-as long as its decodes alone: the later prompts of a split burst are chunked instead of
-pausing the streams that already started. The costs are the engine's steps, fitted
+computed) exceeds what the others lose (one more step's fixed cost and its decode rows). In a
+burst (more than one prompt to prefill; a prompt admitted in one stays in it until prefilled),
+a step beside decoding streams runs at most `max_decode_stall` times as long as its decodes
+alone, its prompt tokens chunked to fit: the later prompts of a split burst do not pause the
+streams it started. A prompt that joins running streams alone is prefilled whole, as under
+arrival order (chunking it would only move its first token later). The costs are the engine's steps, fitted
 (quire.engine.step_costs); until they are measured the order is arrival order and nothing is
 bounded.
 
@@ -77,8 +79,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int  # most tokens (prefill chunks + decodes) per step
     extra_key: str  # mixed into block hashes (model id)
     shortest_first: bool = False  # admission order (EngineConfig.scheduling_policy "shortest")
-    # under shortest_first: a step beside decoding streams runs at most this many times the
-    # decodes alone (EngineConfig.max_decode_stall; 0: no bound)
+    # under shortest_first, in a burst: a step beside decoding streams runs at most this many
+    # times the decodes alone (EngineConfig.max_decode_stall; 0: no bound)
     max_decode_stall: float = 0.0
 
     @classmethod
@@ -268,6 +270,9 @@ class Scheduler:
             prefill_room -= plan[seq.seq_id]
         if self.config.shortest_first:
             admits = self._split_burst(admits, plan)
+            if self._in_burst():  # every prompt waiting now is of it, admitted or not
+                for seq in self.waiting:
+                    seq.in_burst = True
 
         request = self._take_pending(
             appends=tuple(
@@ -346,10 +351,12 @@ class Scheduler:
         return resumed + sorted(fresh, key=urgency)
 
     def _prefill_room(self) -> int:
-        """How many prompt tokens this step may run. Under shortest-first with streams
-        decoding: what keeps the step within `max_decode_stall` times the decodes alone,
-        predicted from the fitted costs (at least a block's worth, so prompts progress).
-        Otherwise the whole budget."""
+        """How many prompt tokens this step may run. Under shortest-first, with streams
+        decoding, in a burst (more than one prompt to prefill, or the one left came in a
+        burst: `_in_burst`): what keeps the step within `max_decode_stall` times the
+        decodes alone, predicted from the fitted costs (at least a block's worth, so prompts
+        progress). Otherwise the whole budget: a prompt that joins running streams alone is
+        prefilled in one step, as under arrival order."""
         budget, stall, costs = (
             self.config.max_num_batched_tokens,
             self.config.max_decode_stall,
@@ -358,11 +365,17 @@ class Scheduler:
         if not self.config.shortest_first or not stall or costs.per_token_s is None:
             return budget
         num_decoding = sum(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
-        if num_decoding == 0:
+        if num_decoding == 0 or not self._in_burst():
             return budget
         decode_s = (costs.fixed_s or 0.0) + costs.per_token_s * num_decoding
         room = int((stall - 1) * decode_s / costs.per_token_s)
         return min(budget, max(self.allocator.block_size, room))
+
+    def _in_burst(self) -> bool:
+        """More than one prompt waits or prefills, or the one that does came in a burst."""
+        pending = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        pending += self.waiting
+        return len(pending) > 1 or any(s.in_burst for s in pending)
 
     def _split_burst(self, admits: list[Sequence], plan: dict[str, int]) -> list[Sequence]:
         """The leading admits worth a step of their own: the first k, where k maximizes
@@ -425,6 +438,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
         seq.waiting_since = time.monotonic()
+        seq.in_burst = False
         position = 0
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1

@@ -120,35 +120,49 @@ def test_a_long_prompt_that_waited_its_own_prefill_goes_first(
     assert [s.seq.seq_id for s in out.scheduled][0] == "short#0"
 
 
-def decoding_then(sched: Scheduler, num_streams: int, later: int) -> None:
-    """`num_streams` 20-token prompts prefilled and decoding, then a `later`-token prompt."""
+def decoding_then(sched: Scheduler, num_streams: int, later: list[int]) -> None:
+    """`num_streams` 20-token prompts prefilled and decoding, then prompts of `later` tokens."""
     burst(sched, [20] * num_streams)
     while sched.waiting:
         run_step(sched)
-    assert len(sched.running) == num_streams and all(s.num_tokens - s.num_computed_tokens == 1 for s in sched.running)
-    sched.add(make_seq("later", num_streams, later))
+    assert len(sched.running) == num_streams
+    assert all(s.num_tokens - s.num_computed_tokens == 1 for s in sched.running)
+    for i, n in enumerate(later):
+        sched.add(make_seq(f"later{i}", num_streams + i, n))
 
 
-def test_a_prompt_arriving_beside_decoding_streams_is_chunked_to_the_stall_bound() -> None:
+def test_a_burst_beside_decoding_streams_is_chunked_to_the_stall_bound() -> None:
     sched = shortest(max_num_batched_tokens=2048, max_decode_stall=4)
     sched.step_costs = FrozenCosts()
     sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
-    decoding_then(sched, 4, 700)
-    # The decodes alone: 20 ms + 4 x 1 ms = 24 ms; four times that leaves 72 ms = 72 tokens.
-    chunks = []
-    while sched.waiting or any(s.seq_id == "later#0" for s in sched.running):
-        out = run_step(sched)
-        by_id = {s.seq.seq_id: s.num_new_tokens for s in out.scheduled}
+    decoding_then(sched, 4, [700, 650])
+    # The decodes alone: 20 ms + 4 x 1 ms = 24 ms; four times that leaves 72 ms = 72 prompt
+    # tokens per step, the shorter prompt first; then five streams (20 + 5 ms) x 3 = 75 tokens
+    # of the longer one, which, left last, is still of the burst.
+    prompt_tokens: list[int] = []
+    while sum(prompt_tokens) < 1350:
+        by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
         assert all(by_id[f"p{i}#0"] == 1 for i in range(4)), "a stream skipped a step"
-        chunks.append(by_id.get("later#0", 0))
-        if chunks[-1] and sum(chunks) == 700:
-            break
-    assert chunks[:9] == [72] * 9 and sum(chunks) == 700
+        if len(prompt_tokens) == 9:
+            assert (by_id["later1#0"], by_id["later0#0"]) == (2, 70)
+        prompt_tokens.append(sum(n for i, n in by_id.items() if i.startswith("later") and n > 1))
+    assert prompt_tokens == [72] * 10 + [75] * 8 + [30]
+
+
+def test_a_prompt_joining_running_streams_alone_is_prefilled_whole() -> None:
+    for stall in (4, 0):
+        sched = shortest(max_num_batched_tokens=2048, max_decode_stall=stall)
+        sched.step_costs = FrozenCosts()
+        sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+        decoding_then(sched, 4, [700])
+        by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+        assert by_id["later0#0"] == 700
 
     unbounded = shortest(max_num_batched_tokens=2048, max_decode_stall=0)
     unbounded.step_costs = sched.step_costs
-    decoding_then(unbounded, 4, 700)
-    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(unbounded).scheduled}["later#0"] == 700
+    decoding_then(unbounded, 4, [700, 650])
+    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(unbounded).scheduled}
+    assert by_id["later1#0"] == 650  # (the split leaves the 700 for the next step)
 
 
 def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
@@ -157,7 +171,7 @@ def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
     burst(sched, [600, 700])
     out = run_step(sched)
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 600, "p1#0": 400}
-    # then p1's rest is a prompt's chunk beside one decoding stream: bounded
+    # then p1's rest beside one decoding stream, admitted in a burst: bounded, at
     # (5 s + 1 ms) x (2 - 1) / 1 ms = 5,001 tokens, so the budget is what bounds it
     out = run_step(sched)
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 1, "p1#0": 300}
