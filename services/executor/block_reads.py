@@ -1,10 +1,11 @@
 """Serving a peer's ReadBlocks: the blocks a memory manager pinned here, as bytes.
 
 The pin keeps the blocks from being evicted or reused while the peer reads, and full,
-committed blocks are never written again, so they are read from the KV tensors on the
-engine thread between steps or while a step waits on a pull of its own (peer_reads). A pin only protects anything if the manager that granted
-it is the one this executor is registered with now (a restarted manager holds no pins), so a
-read naming another manager instance is refused, as is one whose block layout differs.
+committed blocks are never written again, so they are read from the KV tensors on the engine
+thread between steps or while a step waits on a pull of its own (peer_reads). A pin only
+protects anything if the manager that granted it is the one this executor is registered with
+now (a restarted manager holds no pins), so a read naming another manager instance is refused,
+as is one whose block layout differs.
 """
 
 from __future__ import annotations

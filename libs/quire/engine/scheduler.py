@@ -19,13 +19,13 @@ newcomer once it has waited its own prefill's length: nothing starves), and a bu
 prompts that fits one step may be split: the step admits only the first k of them when the
 time the k save (each gets its first token one step earlier, before the rest's tokens are
 computed) exceeds what the others lose (one more step's fixed cost and its decode rows). In a
-burst (more than one prompt to prefill; a prompt admitted in one stays in it until prefilled),
-a step beside decoding streams runs at most `max_decode_stall` times as long as its decodes
-alone, its prompt tokens chunked to fit: the later prompts of a split burst do not pause the
-streams it started. A prompt that joins running streams alone is prefilled whole, as under
-arrival order (chunking it would only move its first token later). The costs are the engine's steps, fitted
-(quire.engine.step_costs); until they are measured the order is arrival order and nothing is
-bounded.
+burst (more than one prompt to prefill; every prompt waiting then stays in it until
+prefilled), a step beside decoding streams runs at most `max_decode_stall` times as long as
+its decodes alone, its prompt tokens chunked to fit: the later prompts of a split burst do not
+pause the streams it started. A prompt that joins running streams alone is prefilled whole,
+as under arrival order (chunking it would only move its first token later). The costs are the
+engine's steps, fitted (quire.engine.step_costs); until they are measured the order is arrival
+order and nothing is bounded.
 
 An admitted prompt's next blocks may also be offered from a peer executor (the memory
 manager's `PullOffer`, right after the local hits): a `BlockPuller` copies them into the

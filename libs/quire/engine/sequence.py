@@ -36,7 +36,7 @@ class Sequence:
     finish_reason: str | None = None
     stop_reason: int | None = None  # the stop token id that ended it
     waiting_since: float = 0.0  # time.monotonic() when it last began to wait (scheduler's)
-    # admitted in a burst under shortest-first: every chunk of its prefill beside decoding
+    # waited in a burst under shortest-first: every chunk of its prefill beside decoding
     # streams keeps the step within max_decode_stall (scheduler's)
     in_burst: bool = False
 
