@@ -249,7 +249,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's work and make room for it in one allocator call."""
         budget = self.config.max_num_batched_tokens
-        prefill_room = self._prefill_room()  # of the budget, what prompts' tokens may take
+        in_burst = self.config.shortest_first and self._in_burst()
+        prefill_room = self._prefill_room(in_burst)  # of the budget, what prompts may take
         plan: dict[str, int] = {}  # seq_id -> tokens to compute this step (upper bound)
         for seq in self.running:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -270,7 +271,7 @@ class Scheduler:
             prefill_room -= plan[seq.seq_id]
         if self.config.shortest_first:
             admits = self._split_burst(admits, plan)
-            if self._in_burst():  # every prompt waiting now is of it, admitted or not
+            if in_burst:  # every prompt waiting now is of it, admitted or not
                 for seq in self.waiting:
                     seq.in_burst = True
 
@@ -350,9 +351,9 @@ class Scheduler:
         fresh = [s for s in self.waiting if not s.request.was_scheduled]
         return resumed + sorted(fresh, key=urgency)
 
-    def _prefill_room(self) -> int:
+    def _prefill_room(self, in_burst: bool) -> int:
         """How many prompt tokens this step may run. Under shortest-first, with streams
-        decoding, in a burst (more than one prompt to prefill, or the one left came in a
+        decoding, `in_burst` (more than one prompt to prefill, or the one left came in a
         burst: `_in_burst`): what keeps the step within `max_decode_stall` times the
         decodes alone, predicted from the fitted costs (at least a block's worth, so prompts
         progress). Otherwise the whole budget: a prompt that joins running streams alone is
@@ -362,10 +363,10 @@ class Scheduler:
             self.config.max_decode_stall,
             self.step_costs,
         )
-        if not self.config.shortest_first or not stall or costs.per_token_s is None:
+        if not in_burst or not stall or costs.per_token_s is None:
             return budget
         num_decoding = sum(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
-        if num_decoding == 0 or not self._in_burst():
+        if num_decoding == 0:
             return budget
         decode_s = (costs.fixed_s or 0.0) + costs.per_token_s * num_decoding
         room = int((stall - 1) * decode_s / costs.per_token_s)
