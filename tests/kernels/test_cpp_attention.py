@@ -87,6 +87,23 @@ def test_prefill_matchesdense_batch_attention(
     torch.testing.assert_close(out.double(), expected, **TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_chunks_match_dense_batch_attention(dtype: torch.dtype) -> None:
+    # Contexts long enough that a prefill tile takes fewer tokens than its most (its rows'
+    # scores are bounded), odd lengths (bfloat16's key pairs padded), a long cached prefix,
+    # and short chunks beside them in the same call.
+    chunks = [(0, 701), (301, 400), (0, 2), (1, 3), (999, 2)]
+    context_lens = [prefix + chunk for prefix, chunk in chunks]
+    query_lens = [chunk for _, chunk in chunks]
+    batch = make_paged_batch(context_lens, 3, 64, dtype=dtype)
+    query = random_queries(sum(query_lens), 9, 64, dtype=dtype)
+
+    out = batch.prefill(cpp_attention, query, query_lens, 0.125)
+
+    expected = dense_batch_attention(batch, query, query_lens, 0.125)
+    torch.testing.assert_close(out.double(), expected, **TOLERANCES[dtype])
+
+
 # Sizes without a compiled specialization take the generic loops.
 @pytest.mark.parametrize(("head_dim", "block_size"), [(80, 16), (64, 8), (128, 32), (32, 1)])
 def test_generic_sizes_matchdense_batch_attention(head_dim: int, block_size: int) -> None:

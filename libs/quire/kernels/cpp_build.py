@@ -56,6 +56,7 @@ SOURCES = tuple(
 HEADERS = (
     _CSRC / "cpu_features.h",
     _CSRC / "kernel_ops.h",
+    _CSRC / "packed_tile.h",
 )  # included by the sources: part of what a build is from
 # The checkout's build/ when the package runs from one (PYTHONPATH=libs, the editable install,
 # the images' /app); beside the package when it is installed elsewhere.

@@ -16,9 +16,16 @@
 // and finally writes accumulator / l. Keys and values are read straight from the cache
 // (bf16/fp16 blocks are widened to float32 once per block and tile, for all its rows), so
 // nothing is gathered and no slot past a row's context is ever read: unused slots may hold
-// anything, NaN included. All arithmetic is float32 whatever the cache dtype. A decode tile's
+// anything, NaN included. All sums are float32 whatever the cache dtype. A decode tile's
 // few rows score each key with a head_dim-wide dot product; a prefill tile's many rows share
 // one transposed copy of the block's keys, so that a row's scores are block_size-wide FMAs.
+//
+// Packed prefill (further down). In an AVX-512 build, a chunk of several tokens in a call with
+// no window, soft cap or sinks does not walk blocks: its keys and values are gathered once per
+// call into the packed linears' layout and each tile's attention is two register-tiled
+// products with one whole-row softmax between them (bfloat16 caches: both products in
+// vdpbf16ps, the softmax weights rounded to bfloat16 for the second, as torch's CPU flash
+// attention does for 16-bit inputs). It reads the same slots: none past the context.
 //
 // Tiles are spread over torch's intra-op threads (at::parallel_for), longest first, each
 // thread taking the next tile when it finishes one, so sequences of very different lengths
@@ -73,6 +80,7 @@
 #include <vector>
 
 #include "cpu_features.h"
+#include "packed_tile.h"
 
 namespace {
 
@@ -1385,6 +1393,286 @@ void prefill_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch
 }
 #endif
 
+// Packed prefill. A chunk of several tokens with no window, soft cap or sinks (the common
+// prompt) runs as two products per tile, in the packed linears' register tiles
+// (packed_tile.h) rather than block by block: each (sequence, kv head)'s keys and values are
+// gathered from the cache once per call, widened to float32 and packed (keys as a weight of
+// 64-key tiles, key_tiles[t][d][64]; values as 64-channel tiles, values[c][key][64]); then a
+// tile of a few consecutive tokens' rows (row i * group + g, as above) computes
+//   1. scores[row][key] = (scale * q[row]) . key, for every key up to its last token's,
+//   2. one softmax per row over the keys it sees (causal), exp(score - max) as weights, 0 for
+//      the keys after its position (the diagonal's upper corner, computed and discarded),
+//   3. out[row] = (weights[row] . values) / sum(weights[row]).
+// All float32, the same exp as the block-by-block tiles. Scores of a whole row at once: no
+// running max or rescaled accumulator, and both products are the linears' 6-row x 64-column
+// FMA tiles. A tile takes as many tokens as keep its score rows within kPackedScoreFloats.
+
+// Score floats a packed tile may hold (its rows x its keys, 64-key padded): within L2.
+constexpr int64_t kPackedScoreFloats = int64_t{1} << 16;
+// Tokens a packed tile takes at most (fewer where its keys are many).
+constexpr int64_t kPackedMaxTokens = 64;
+// The fewest tokens a chunk has for a packed prefill.
+constexpr int kPackedMinTokens = 2;
+
+// One (sequence, kv head) of a packed prefill: its chunk, its context and where its packed
+// keys and values lie in the call's buffer.
+struct PackedHead {
+  int seq;
+  int kv_head;
+  int64_t first_token;  // the chunk's first row in query / out
+  int query_len;
+  int context_len;  // cached prefix + chunk
+  int64_t keys_at;  // key_tiles: [ceil(context / 64)][head_dim][64] floats from here
+  int64_t values_at;  // values: [ceil(head_dim / 64)][context][64] floats from here
+};
+
+inline int64_t round_up64(int64_t n) { return (n + 63) / 64 * 64; }
+
+#if defined(__AVX512F__)
+// Tokens start .. start + num_tokens - 1 of a head's chunk.
+struct PackedTile {
+  int head;  // index into the call's PackedHead list
+  int start;
+  int num_tokens;
+  int64_t cost;  // rows' keys, roughly the multiply-adds over head_dim
+};
+
+// The first n lanes of 16 (all of them from 16 on, none below 1).
+inline __mmask16 first_lanes(int n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << std::max(n, 0)) - 1u);
+}
+
+// 16 float32 lanes rounded to bfloat16 (to nearest even; finite values), as 16-bit lanes.
+inline __m256i round16_bf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16));
+}
+
+// A head's keys and values from the cache, packed (see above), widened to float32 or, with
+// kBf16Dot, kept in bfloat16 in the same tiles with pairs interleaved as the bfloat16 linears'
+// are (keys: pairs of channels, key_tiles[t][d / 2][64][2]; values: pairs of keys,
+// values[c][key / 2][64][2], the context padded to even). The padding is 0.
+template <typename scalar_t, bool kBf16Dot>
+void pack_head(const Problem<scalar_t>& p, const PackedHead& h, float* buffer) {
+  using packed_t = std::conditional_t<kBf16Dot, c10::BFloat16, float>;
+  const int head_dim = p.head_dim;
+  const int64_t num_key_tiles = round_up64(h.context_len) / 64;
+  const int64_t channel_tiles = round_up64(head_dim) / 64;
+  const int64_t value_rows = kBf16Dot ? (h.context_len + 1) / 2 * 2 : h.context_len;
+  packed_t* key_tiles = reinterpret_cast<packed_t*>(buffer + h.keys_at);
+  packed_t* values = reinterpret_cast<packed_t*>(buffer + h.values_at);
+  std::fill_n(key_tiles, num_key_tiles * head_dim * 64, packed_t(0.0f));
+  if (head_dim % 64 != 0 || value_rows != h.context_len) {
+    std::fill_n(values, channel_tiles * value_rows * 64, packed_t(0.0f));
+  }
+  const int32_t* table = p.block_tables + h.seq * p.table_stride;
+  for (int t = 0; t < h.context_len; ++t) {
+    const int64_t slot = static_cast<int64_t>(table[t / p.block_size]) * p.cache_block_stride +
+                         (t % p.block_size) * p.cache_slot_stride +
+                         static_cast<int64_t>(h.kv_head) * p.cache_head_stride;
+    const scalar_t* key = p.key_cache + slot;
+    const scalar_t* value = p.value_cache + slot;
+    packed_t* key_tile = key_tiles + (t / 64) * head_dim * 64;
+    for (int64_t c = 0; c < channel_tiles; ++c) {
+      const int width = static_cast<int>(std::min<int64_t>(64, head_dim - 64 * c));
+      if constexpr (kBf16Dot) {
+        c10::BFloat16* row = values + c * value_rows * 64 + (t / 2) * 128 + t % 2;
+        for (int d = 0; d < width; ++d) row[2 * d] = value[64 * c + d];
+      } else {
+        float* row = values + (c * value_rows + t) * 64;
+#pragma omp simd
+        for (int d = 0; d < width; ++d) row[d] = to_float(value[64 * c + d]);
+      }
+    }
+    if constexpr (kBf16Dot) {
+      for (int d = 0; d < head_dim; ++d) key_tile[(d / 2) * 128 + (t % 64) * 2 + d % 2] = key[d];
+    } else {
+      for (int d = 0; d < head_dim; ++d) key_tile[d * 64 + t % 64] = to_float(key[d]);
+    }
+  }
+}
+
+// Working memory of one thread's packed tiles, grown to the largest it meets.
+struct PackedScratch {
+  std::vector<float> query, scores, out;
+  std::vector<c10::BFloat16> query_bf16, weights_bf16;
+};
+
+// One packed tile: its rows' scores, softmax and weighted values, into the output. With
+// kBf16Dot (bfloat16 caches, a CPU with AVX512_BF16) both products are vdpbf16ps tiles: the
+// queries as given (scale applied to the scores), the weights rounded to bfloat16 for the
+// second product and the sum taken of the rounded weights; float32 sums throughout.
+template <typename scalar_t, bool kBf16Dot>
+void packed_tile(const Problem<scalar_t>& p, const PackedHead& h, const PackedTile& tile,
+                 const float* buffer, PackedScratch& s) {
+  using namespace quire_cpu::packed_tile;
+  const int head_dim = p.head_dim, group = p.group_size;
+  const int num_rows = tile.num_tokens * group;
+  const int prefix_len = h.context_len - h.query_len;
+  const int key_end = prefix_len + tile.start + tile.num_tokens;  // keys the last row sees
+  const int64_t score_stride = round_up64(key_end);
+  const int64_t channel_tiles = round_up64(head_dim) / 64;
+  const int64_t value_rows = kBf16Dot ? (h.context_len + 1) / 2 * 2 : h.context_len;
+  const int64_t out_stride = channel_tiles * 64;
+  s.scores.resize(static_cast<size_t>(num_rows * score_stride));
+  s.out.resize(static_cast<size_t>(num_rows * out_stride));
+  if constexpr (kBf16Dot) {
+    s.query_bf16.resize(static_cast<size_t>(num_rows) * head_dim);
+    s.weights_bf16.resize(static_cast<size_t>(num_rows * score_stride));
+  } else {
+    s.query.resize(static_cast<size_t>(num_rows) * head_dim);
+  }
+  for (int i = 0; i < tile.num_tokens; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const scalar_t* q = p.query + (h.first_token + tile.start + i) * p.query_token_stride +
+                          static_cast<int64_t>(h.kv_head * group + g) * p.query_head_stride;
+      const int64_t row = static_cast<int64_t>(i * group + g) * head_dim;
+      if constexpr (kBf16Dot) {
+        std::copy_n(q, head_dim, s.query_bf16.data() + row);
+      } else {
+#pragma omp simd
+        for (int d = 0; d < head_dim; ++d) s.query[row + d] = p.scale * to_float(q[d]);
+      }
+    }
+  }
+  // 1. scores, 64 keys a tile
+  for (int64_t kt = 0; kt < score_stride / 64; ++kt) {
+    tile_all_rows(num_rows, [&](auto rows, int64_t row) {
+      float* scores = s.scores.data() + row * score_stride + kt * 64;
+      if constexpr (kBf16Dot) {
+        tile_bf16<decltype(rows)::value, float>(
+            s.query_bf16.data() + row * head_dim, head_dim,
+            reinterpret_cast<const c10::BFloat16*>(buffer + h.keys_at) + kt * head_dim * 64,
+            head_dim, nullptr, scores, score_stride, 64, false);
+      } else {
+        tile_float<decltype(rows)::value>(s.query.data() + row * head_dim, head_dim,
+                                          buffer + h.keys_at + kt * head_dim * 64, head_dim,
+                                          nullptr, scores, score_stride, 64, false);
+      }
+    });
+  }
+  // 2. each row's weights over the keys it sees, 0 after them (up to an even count for the
+  // bfloat16 pairs); its sum kept for the end
+  const int weight_end = kBf16Dot ? (key_end + 1) / 2 * 2 : key_end;
+  const __m512 scale = _mm512_set1_ps(kBf16Dot ? p.scale : 1.0f);
+  std::vector<float> sums(num_rows);
+  for (int row = 0; row < num_rows; ++row) {
+    float* r = s.scores.data() + row * score_stride;
+    const int seen = prefix_len + tile.start + row / group + 1;
+    __m512 max = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int t = 0; t < seen; t += 16) {
+      max = _mm512_mask_max_ps(max, first_lanes(seen - t), max, _mm512_loadu_ps(r + t));
+    }
+    const __m512 row_max = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+    __m512 sum = _mm512_setzero_ps();
+    for (int t = 0; t < weight_end; t += 16) {
+      const __mmask16 in_row = first_lanes(weight_end - t);
+      __m512 w = _mm512_maskz_mov_ps(
+          first_lanes(seen - t),
+          exp16_nonpositive(_mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(r + t), row_max), scale)));
+      if constexpr (kBf16Dot) {
+        const __m256i rounded = round16_bf16(w);
+        _mm256_mask_storeu_epi16(s.weights_bf16.data() + row * score_stride + t, in_row, rounded);
+        w = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
+      } else {
+        _mm512_mask_storeu_ps(r + t, in_row, w);
+      }
+      sum = _mm512_add_ps(sum, w);
+    }
+    sums[row] = _mm512_reduce_add_ps(sum);
+  }
+  // 3. weighted values, 64 channels a tile, then over the sums into the output
+  for (int64_t c = 0; c < channel_tiles; ++c) {
+    const int num_cols = static_cast<int>(std::min<int64_t>(64, head_dim - 64 * c));
+    tile_all_rows(num_rows, [&](auto rows, int64_t row) {
+      float* out = s.out.data() + row * out_stride + 64 * c;
+      if constexpr (kBf16Dot) {
+        tile_bf16<decltype(rows)::value, float>(
+            s.weights_bf16.data() + row * score_stride, score_stride,
+            reinterpret_cast<const c10::BFloat16*>(buffer + h.values_at) + c * value_rows * 64,
+            weight_end, nullptr, out, out_stride, num_cols, false);
+      } else {
+        tile_float<decltype(rows)::value>(s.scores.data() + row * score_stride, score_stride,
+                                          buffer + h.values_at + c * value_rows * 64, key_end,
+                                          nullptr, out, out_stride, num_cols, false);
+      }
+    });
+  }
+  for (int i = 0; i < tile.num_tokens; ++i) {
+    for (int g = 0; g < group; ++g) {
+      const int row = i * group + g;
+      const float inv_sum = 1.0f / sums[row];
+      const float* acc = s.out.data() + row * out_stride;
+      scalar_t* out = p.out + ((h.first_token + tile.start + i) * p.num_heads +
+                               h.kv_head * group + g) *
+                                  static_cast<int64_t>(head_dim);
+      for (int d = 0; d < head_dim; ++d) out[d] = static_cast<scalar_t>(acc[d] * inv_sum);
+    }
+  }
+}
+
+// The packed prefill of `heads` (their keys_at / values_at laid out back to back): their
+// keys and values packed, then their tiles, longest first, each thread taking the next.
+template <typename scalar_t, bool kBf16Dot>
+void run_packed_as(const Problem<scalar_t>& p, const std::vector<PackedHead>& heads,
+                   int64_t buffer_floats) {
+  std::vector<float> buffer(static_cast<size_t>(buffer_floats));
+  std::vector<PackedTile> tiles;
+  int64_t work = 0;
+  for (int i = 0; i < static_cast<int>(heads.size()); ++i) {
+    const PackedHead& h = heads[i];
+    const int64_t keys = round_up64(h.context_len);
+    const int tokens = static_cast<int>(
+        std::clamp<int64_t>(kPackedScoreFloats / (keys * p.group_size), 1, kPackedMaxTokens));
+    for (int start = 0; start < h.query_len; start += tokens) {
+      const int num_tokens = std::min(tokens, h.query_len - start);
+      const int64_t cost =
+          static_cast<int64_t>(h.context_len - h.query_len + start + num_tokens) * num_tokens;
+      tiles.push_back(PackedTile{i, start, num_tokens, cost});
+      work += cost * p.group_size * p.head_dim * 2;
+    }
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const PackedTile& a, const PackedTile& b) { return a.cost > b.cost; });
+  const int64_t threads = work < kMinParallelWork ? 1 : at::get_num_threads();
+  std::atomic<int64_t> next_head{0}, next_tile{0};
+  const int64_t num_heads = static_cast<int64_t>(heads.size());
+  const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+  at::parallel_for(0, std::min(threads, num_heads), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (int64_t i = next_head++; i < num_heads; i = next_head++) {
+        pack_head<scalar_t, kBf16Dot>(p, heads[i], buffer.data());
+      }
+    }
+  });
+  at::parallel_for(0, std::min(threads, num_tiles), 1, [&](int64_t begin, int64_t end) {
+    PackedScratch scratch;
+    for (int64_t worker = begin; worker < end; ++worker) {
+      for (int64_t i = next_tile++; i < num_tiles; i = next_tile++) {
+        packed_tile<scalar_t, kBf16Dot>(p, heads[tiles[i].head], tiles[i], buffer.data(),
+                                        scratch);
+      }
+    }
+  });
+}
+
+// run_packed_as with both products in vdpbf16ps where the cache is bfloat16, the head_dim even,
+// the scale positive (the softmax takes the unscaled scores' max) and the CPU has AVX512_BF16;
+// in float32 otherwise.
+template <typename scalar_t>
+void run_packed(const Problem<scalar_t>& p, const std::vector<PackedHead>& heads,
+                int64_t buffer_floats) {
+  if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+    if (p.head_dim % 2 == 0 && p.scale > 0 && can_use_avx512_bf16()) {
+      return run_packed_as<scalar_t, true>(p, heads, buffer_floats);
+    }
+  }
+  run_packed_as<scalar_t, false>(p, heads, buffer_floats);
+}
+#endif
+
 // kHeadDim, kBlockSize > 0 fix those sizes at compile time (unrolled inner loops, registers
 // for accumulators); 0 reads them from the problem.
 template <typename scalar_t, int kHeadDim, int kBlockSize>
@@ -1699,7 +1987,8 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
                const at::Tensor& value_cache, const at::Tensor& block_tables,
                std::vector<Tile>& tiles, double scale, int window, double soft_cap,
                const std::optional<at::Tensor>& sink_tensor,
-               const std::vector<SplitGroup>& splits = {}) {
+               const std::vector<SplitGroup>& splits = {},
+               const std::vector<PackedHead>& packed = {}, int64_t packed_floats = 0) {
   at::Tensor out = at::empty(query.sizes(), query.options());
   int num_partials = 0;
   for (const SplitGroup& split : splits) num_partials += split.count;
@@ -1715,9 +2004,13 @@ at::Tensor run(const at::Tensor& query, const at::Tensor& key_cache,
   const float* sinks = sink_tensor ? sink_tensor->data_ptr<float>() : nullptr;
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& a, const Tile& b) { return a.cost() > b.cost(); });
-  if (tiles.empty()) return out;
+  if (tiles.empty() && packed.empty()) return out;
   const auto solve = [&](auto problem) {
     problem.partials = partials.empty() ? nullptr : partials.data();
+#if defined(__AVX512F__)
+    if (!packed.empty()) run_packed(problem, packed, packed_floats);
+#endif
+    if (tiles.empty()) return;
     run_for_shape(problem, tiles);
     merge_splits(problem, splits);
   };
@@ -1813,6 +2106,12 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
   const int group = static_cast<int>(query.size(1) / key_cache.size(2));
   const int tokens_per_tile = std::max(1, kMaxTileRows / group);
   const int block_size = static_cast<int>(key_cache.size(1));
+  const int64_t head_dim = query.size(2);
+  // Packed prefill (see there) for chunks of several tokens, where the call has none of what
+  // only the block-by-block tiles do (a window, a soft cap, sinks) and the build has AVX-512.
+  const bool packs = kHasAvx512 && window == 0 && soft_cap == 0 && !sinks.has_value();
+  std::vector<PackedHead> packed;
+  int64_t packed_floats = 0;
   std::vector<Tile> tiles;
   std::vector<SplitGroup> splits;
   for (int seq = 0; seq < num_seqs; ++seq) {
@@ -1821,6 +2120,16 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
     check_context_len(len[seq], query_len, "the chunk lengths in cu_query_lens",
                       block_tables.size(1), key_cache.size(1));
     const int prefix_len = len[seq] - query_len;
+    if (packs && query_len >= kPackedMinTokens) {
+      for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
+        const int64_t keys_at = packed_floats;
+        const int64_t values_at = keys_at + round_up64(len[seq]) * head_dim;
+        packed_floats = values_at + round_up64(head_dim) * len[seq];
+        packed.push_back(
+            PackedHead{seq, kv_head, bounds[seq], query_len, len[seq], keys_at, values_at});
+      }
+      continue;
+    }
     for (int start = 0; start < query_len; start += tokens_per_tile) {
       const int num_tokens = std::min(tokens_per_tile, query_len - start);
       for (int kv_head = 0; kv_head < num_kv_heads; ++kv_head) {
@@ -1835,7 +2144,7 @@ at::Tensor paged_prefill_attention(const at::Tensor& query, const at::Tensor& ke
     }
   }
   return run(query, key_cache, value_cache, block_tables, tiles, scale, window, soft_cap, sinks,
-             splits);
+             splits, packed, packed_floats);
 }
 
 TORCH_LIBRARY(quire_cpu, m) {
