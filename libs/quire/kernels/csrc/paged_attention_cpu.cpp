@@ -1411,8 +1411,10 @@ void prefill_tile16_avx512(const Problem<scalar_t>& p, const Tile& tile, Scratch
 constexpr int64_t kPackedScoreFloats = int64_t{1} << 16;
 // Tokens a packed tile takes at most (fewer where its keys are many).
 constexpr int64_t kPackedMaxTokens = 64;
-// The fewest tokens a chunk has for a packed prefill.
-constexpr int kPackedMinTokens = 2;
+// The fewest tokens a chunk has for a packed prefill: a shorter one takes the block-by-block
+// tiles, where packing its context would cost more than the register-tiled products save
+// (measured with `python -m benchmarks.prefill_attention --prompt-lens 32 64 96 128`).
+constexpr int kPackedMinTokens = 96;
 
 // One (sequence, kv head) of a packed prefill: its chunk, its context and where its packed
 // keys and values lie in the call's buffer.
