@@ -56,15 +56,16 @@ class EngineConfig:
         "which waiting prompts a step admits first: fcfs (arrival order) or shortest (the "
         "shortest prefill first, a prompt's waiting time counted against its length so none "
         "starves, and a burst split where the shorter prompts' earlier first tokens save more "
-        "than one more step costs: first tokens sooner, the stream's pauses longer)",
+        "than one more step costs, no prompt deferred twice: first tokens sooner, the stream's "
+        "pauses longer)",
     )
     max_decode_stall: float = _setting(
         4.0,
         "under the shortest policy, in a burst (more than one prompt to prefill): how much "
-        "longer than the decodes alone a step may run while streams decode (a multiple of the "
-        "decode step, both predicted from the fitted step costs); its prompt tokens are chunked "
-        "to fit, so a split burst's later prompts do not pause the streams it started. A prompt "
-        "joining running streams alone is prefilled whole; 0: no bound",
+        "longer than the decodes alone a step may run while streams decode that were already "
+        "streaming when the burst arrived (a multiple of the decode step, both predicted from "
+        "the fitted step costs); its prompt tokens are chunked to fit. The streams a burst "
+        "starts itself and a prompt joining running streams alone are not bounded; 0: no bound",
     )
     dtype: str = _setting(
         "auto",

@@ -18,14 +18,17 @@ their prefill's estimated time less the time they have waited (so a long prompt 
 newcomer once it has waited its own prefill's length: nothing starves), and a burst of
 prompts that fits one step may be split: the step admits only the first k of them when the
 time the k save (each gets its first token one step earlier, before the rest's tokens are
-computed) exceeds what the others lose (one more step's fixed cost and its decode rows). In a
-burst (more than one prompt to prefill; every prompt waiting then stays in it until
-prefilled), a step beside decoding streams runs at most `max_decode_stall` times as long as
-its decodes alone, its prompt tokens chunked to fit: the later prompts of a split burst do not
-pause the streams it started. A prompt that joins running streams alone is prefilled whole,
-as under arrival order (chunking it would only move its first token later). The costs are the
-engine's steps, fitted (quire.engine.step_costs); until they are measured the order is arrival
-order and nothing is bounded.
+computed) exceeds what the others lose (one more step's fixed cost and its decode rows); a
+prompt a split deferred leads the next split and is not deferred again. In a burst (more than one prompt to prefill; every
+prompt waiting then stays in it until prefilled), a step beside streams that were already
+streaming when the burst arrived (a whole step between a stream's first token and the
+burst's oldest prompt) runs at most `max_decode_stall` times as long as its decodes alone, its
+prompt tokens chunked to fit: a burst does not pause the streams users were already reading.
+The streams a burst starts itself are not bounded by its rest: each of their tokens still
+comes no later than if the whole burst had been one step. A prompt that joins running streams
+alone is prefilled whole, as under arrival order (chunking it would only move its first token
+later). The costs are the engine's steps, fitted (quire.engine.step_costs); until they are
+measured the order is arrival order and nothing is bounded.
 
 An admitted prompt's next blocks may also be offered from a peer executor (the memory
 manager's `PullOffer`, right after the local hits): a `BlockPuller` copies them into the
@@ -181,18 +184,21 @@ class Scheduler:
         self._pending_forks: list[ForkRequest] = []
         self._pending_commits: dict[str, int] = {}
         self.num_preemptions = 0
+        self.num_steps = 0  # schedule() calls so far: the steps sequences' arrivals are counted in
 
     # --- queue changes coming from the engine ---------------------------------------------
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
         seq.waiting_since = time.monotonic()
+        seq.arrived_step = self.num_steps
 
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` was sampled from `parent`'s logits; it shares the parent's blocks."""
         child.status = SeqStatus.RUNNING
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_allocated_tokens = parent.num_allocated_tokens
+        child.first_token_step = parent.first_token_step
         self._pending_forks.append(ForkRequest(parent.seq_id, child.seq_id))
         self.running.append(child)
         self.running.sort(key=lambda s: s.priority)
@@ -334,6 +340,13 @@ class Scheduler:
             self.running.append(seq)
             n = min(plan[seq.seq_id], seq.num_tokens - seq.num_computed_tokens)
             out.scheduled.append(self._scheduled(seq, n))
+        for scheduled in out.scheduled:
+            seq = scheduled.seq
+            if seq.first_token_step is None and (
+                scheduled.num_computed_tokens + scheduled.num_new_tokens >= seq.num_tokens
+            ):
+                seq.first_token_step = self.num_steps
+        self.num_steps += 1
         self.running.sort(key=lambda s: s.priority)
         return out
 
@@ -352,12 +365,13 @@ class Scheduler:
         return resumed + sorted(fresh, key=urgency)
 
     def _prefill_room(self, in_burst: bool) -> int:
-        """How many prompt tokens this step may run. Under shortest-first, with streams
-        decoding, `in_burst` (more than one prompt to prefill, or the one left came in a
-        burst: `_in_burst`): what keeps the step within `max_decode_stall` times the
-        decodes alone, predicted from the fitted costs (at least a block's worth, so prompts
-        progress). Otherwise the whole budget: a prompt that joins running streams alone is
-        prefilled in one step, as under arrival order."""
+        """How many prompt tokens this step may run. Under shortest-first, `in_burst` (more
+        than one prompt to prefill, or the one left came in a burst: `_in_burst`), with a
+        stream decoding that was streaming before the burst arrived: what keeps the step
+        within `max_decode_stall` times the decodes alone, predicted from the fitted costs (at
+        least a block's worth, so prompts progress). Otherwise the whole budget: a prompt
+        that joins running streams alone is prefilled in one step, as under arrival order,
+        and a burst beside only the streams it started runs as if unsplit."""
         budget, stall, costs = (
             self.config.max_num_batched_tokens,
             self.config.max_decode_stall,
@@ -365,12 +379,28 @@ class Scheduler:
         )
         if not in_burst or not stall or costs.per_token_s is None:
             return budget
-        num_decoding = sum(s.num_tokens - s.num_computed_tokens == 1 for s in self.running)
-        if num_decoding == 0:
+        decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        if not self._any_streamed_before_burst(decoding):
             return budget
+        num_decoding = len(decoding)
         decode_s = (costs.fixed_s or 0.0) + costs.per_token_s * num_decoding
         room = int((stall - 1) * decode_s / costs.per_token_s)
         return min(budget, max(self.allocator.block_size, room))
+
+    def _any_streamed_before_burst(self, decoding: list[Sequence]) -> bool:
+        """Whether one of the decoding streams had its first token before the oldest prompt
+        still to prefill arrived: a whole step ended between them. (A prompt that arrived
+        during the step that gave a stream its first token may have come before that token:
+        such a stream counts as the burst's own, and the bound does not hold for it.)"""
+        pending = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        pending += self.waiting
+        if not pending:
+            return False
+        burst_step = min(s.arrived_step for s in pending)
+        return any(
+            s.first_token_step is not None and s.first_token_step <= burst_step - 2
+            for s in decoding
+        )
 
     def _in_burst(self) -> bool:
         """More than one prompt waits or prefills, or the one that does came in a burst."""
@@ -380,10 +410,18 @@ class Scheduler:
 
     def _split_burst(self, admits: list[Sequence], plan: dict[str, int]) -> list[Sequence]:
         """The leading admits worth a step of their own: the first k, where k maximizes
-        k * per_token * (tokens after the k-th) - (m - k) * (one more step), if positive."""
+        k * per_token * (tokens after the k-th) - (m - k) * (one more step), if positive.
+        The admits an earlier split deferred lead, and k covers them: a prompt waits at most
+        one step for a split, so a burst is not cut into a step per prompt."""
         costs = self.step_costs
         if len(admits) < 2 or costs.per_token_s is None or costs.fixed_s is None:
             return admits
+        # a prompt a split deferred once is not deferred again: such admits go first, and k
+        # covers them all
+        admits = [s for s in admits if s.split_deferred] + [
+            s for s in admits if not s.split_deferred
+        ]
+        min_k = max(1, sum(s.split_deferred for s in admits))
         per_token = costs.per_token_s
         extra_step = costs.fixed_s + per_token * len(self.running)
         total = sum(plan[s.seq_id] for s in admits)
@@ -391,8 +429,10 @@ class Scheduler:
         for k in range(1, len(admits)):
             head += plan[admits[k - 1].seq_id]
             saving = k * per_token * (total - head) - (len(admits) - k) * extra_step
-            if saving > best_saving:
+            if k >= min_k and saving > best_saving:
                 best_k, best_saving = k, saving
+        for seq in admits[best_k:]:
+            seq.split_deferred = True
         return admits[:best_k]
 
     def _pull(self, seq: Sequence, offer: PullOffer) -> int:
@@ -439,7 +479,9 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_allocated_tokens = 0
         seq.waiting_since = time.monotonic()
-        seq.in_burst = False
+        seq.arrived_step = self.num_steps
+        seq.first_token_step = None
+        seq.in_burst = seq.split_deferred = False
         position = 0
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1

@@ -39,6 +39,13 @@ class Sequence:
     # waited in a burst under shortest-first: every chunk of its prefill beside decoding
     # streams keeps the step within max_decode_stall (scheduler's)
     in_burst: bool = False
+    # the scheduler's step count when it last began to wait, and the step that computed its
+    # prompt's last token (its first output came out at that step's end; None before): which
+    # decoding streams were already streaming when a burst arrived (scheduler's)
+    arrived_step: int = 0
+    first_token_step: int | None = None
+    # a shortest-first split deferred it: no split defers it again (scheduler's)
+    split_deferred: bool = False
 
     @property
     def num_tokens(self) -> int:

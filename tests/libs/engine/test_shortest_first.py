@@ -65,14 +65,37 @@ def test_a_burst_runs_its_shortest_prompts_first_in_a_step_of_their_own() -> Non
     assert [s.seq.seq_id for s in out.scheduled] == ["p1#0", "p3#0", "p2#0"]
     assert [s.seq_id for s in sched.waiting] == ["p0#0"]
     out = run_step(sched)
-    # p0 beside three decoding streams: chunked so the step runs at most max_decode_stall (4)
-    # times their decodes alone, 3 x (20 ms + 3 x 1 ms) = 69 ms, 69 tokens
+    # p0 beside the three streams its own burst started: they were not streaming when it
+    # arrived, so no stall bound holds for them and p0 is prefilled whole (each of their
+    # tokens still comes no later than in one step with p0)
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {
         "p1#0": 1,
         "p3#0": 1,
         "p2#0": 1,
-        "p0#0": 69,
+        "p0#0": 700,
     }
+
+
+def test_a_prompt_a_split_deferred_is_not_deferred_again() -> None:
+    sched = shortest(max_num_batched_tokens=4096)
+    sched.step_costs = FrozenCosts()
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    burst(sched, [700, 10])
+    out = run_step(sched)  # 10 first: it saves 0.70 s against a step of 20 ms
+    assert [s.seq.seq_id for s in out.scheduled] == ["p1#0"]
+    for i, n in enumerate([12, 300, 320, 720], start=2):
+        sched.add(make_seq(f"p{i}", i, n))
+    # The 700, deferred once, leads; then 12, 300, 320, 720 (2,052 tokens, one stream
+    # decoding: a step costs 21 ms). Sorted by length alone the best split would be the first
+    # 3 (12, 300, 320: 4.22 s saved), deferring the 700 again; led by it, k = 3 saves most
+    # (3.08 s against 2.86 s for k = 4).
+    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+    assert by_id == {"p1#0": 1, "p0#0": 700, "p2#0": 12, "p3#0": 300}
+    # the 320 and the 720, deferred once each, then run together, beside the streams of
+    # their own burst, unbounded
+    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+    assert (by_id["p4#0"], by_id["p5#0"]) == (320, 720)
+    assert not sched.waiting
 
 
 def test_no_split_where_one_more_step_costs_more_than_it_saves() -> None:
@@ -121,10 +144,12 @@ def test_a_long_prompt_that_waited_its_own_prefill_goes_first(
 
 
 def decoding_then(sched: Scheduler, num_streams: int, later: list[int]) -> None:
-    """`num_streams` 20-token prompts prefilled and decoding, then prompts of `later` tokens."""
+    """`num_streams` 20-token prompts prefilled and streaming (a decode step since the last
+    first token), then prompts of `later` tokens."""
     burst(sched, [20] * num_streams)
     while sched.waiting:
         run_step(sched)
+    run_step(sched)
     assert len(sched.running) == num_streams
     assert all(s.num_tokens - s.num_computed_tokens == 1 for s in sched.running)
     for i, n in enumerate(later):
@@ -149,6 +174,21 @@ def test_a_burst_beside_decoding_streams_is_chunked_to_the_stall_bound() -> None
     assert prompt_tokens == [72] * 10 + [75] * 8 + [30]
 
 
+def test_a_burst_arriving_during_a_streams_first_step_is_not_bounded_by_it() -> None:
+    # One prompt reaches an idle engine and starts a step of its own; the rest of its burst
+    # arrives during that step, before (for all the scheduler knows) its first token.
+    sched = shortest(max_num_batched_tokens=2048, max_decode_stall=4)
+    sched.step_costs = FrozenCosts()
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.add(make_seq("first", 0, 20))
+    run_step(sched)
+    sched.add(make_seq("a", 1, 700))
+    sched.add(make_seq("b", 2, 650))
+    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+    # bounded it would be 3 x (20 + 1) = 63 tokens; the split runs the shorter one whole
+    assert by_id == {"first#0": 1, "b#0": 650}
+
+
 def test_a_prompt_joining_running_streams_alone_is_prefilled_whole() -> None:
     for stall in (4, 0):
         sched = shortest(max_num_batched_tokens=2048, max_decode_stall=stall)
@@ -171,8 +211,7 @@ def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
     burst(sched, [600, 700])
     out = run_step(sched)
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 600, "p1#0": 400}
-    # then p1's rest beside one decoding stream, admitted in a burst: bounded, at
-    # (5 s + 1 ms) x (2 - 1) / 1 ms = 5,001 tokens, so the budget is what bounds it
+    # then p1's rest beside p0, a stream of its own burst: no stall bound, the budget's rest
     out = run_step(sched)
     assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {"p0#0": 1, "p1#0": 300}
 
