@@ -15,6 +15,10 @@ from dataclasses import dataclass, field
 
 WINDOW = 64  # latest steps the line is fitted over
 MIN_STEPS = 8  # steps observed before the fit is used
+# Tokens between the window's smallest and largest step for a new fit: a window of decodes
+# alone (a few tokens each) says what one more decode row costs, not what a prompt's token
+# does, which is what the fit is for; such a window keeps the last fit.
+MIN_SPAN = 64
 
 
 @dataclass
@@ -39,6 +43,9 @@ class StepCostModel:
 
     def _fit(self) -> None:
         n = len(self.steps)
+        tokens = [t for t, _ in self.steps]
+        if max(tokens) - min(tokens) < MIN_SPAN:
+            return  # decodes alone: the per-token cost of a prompt is not in it
         mean_t = sum(t for t, _ in self.steps) / n
         mean_s = sum(s for _, s in self.steps) / n
         var_t = sum((t - mean_t) ** 2 for t, _ in self.steps)

@@ -11,7 +11,7 @@ import pytest
 from quire import LLM, SamplingParams
 from quire.block.manager import BlockManager
 from quire.engine.scheduler import Scheduler
-from quire.engine.step_costs import MIN_STEPS, StepCostModel
+from quire.engine.step_costs import MIN_STEPS, WINDOW, StepCostModel
 
 from .test_scheduler import budgets, make_seq, run_step, scheduler
 
@@ -48,6 +48,20 @@ def test_the_line_is_fitted_from_steps_once_there_are_enough() -> None:
     for _ in range(MIN_STEPS * 2):
         same.observe(64, 0.05)
     assert not same.fitted, "steps of one size cannot tell the fixed cost from the per-token one"
+
+
+def test_a_window_of_decodes_alone_keeps_the_last_fit() -> None:
+    model = fitted(fixed_s=0.02, per_token_s=0.001)
+    # a stretch of decode steps, 1-4 rows each, whose times barely grow with their rows
+    for i in range(3 * WINDOW):
+        rows = 1 + i % 4
+        model.observe(rows, 0.015 + 0.00001 * rows)
+    # the last fit over a window that still held prompts' steps: a prompt's token, not a
+    # decode row's 0.01 ms
+    assert model.per_token_s == pytest.approx(0.001, rel=0.1)
+    # a prompt's step in the window again: the line follows the latest steps
+    model.observe(500, 0.015 + 0.0004 * 500)
+    assert model.per_token_s is not None and model.per_token_s < 0.001
 
 
 def burst(sched: Scheduler, lengths: list[int]) -> None:
