@@ -221,12 +221,18 @@ def test_two_executors_pulling_from_each_other_at_once_both_get_their_blocks(
         for r in reads
     ]
     both_pulling = threading.Barrier(2)
+    pulled = [threading.Event(), threading.Event()]
 
     def engine_thread(side: int, source_ids: tuple[int, ...]) -> tuple[int, float]:
         both_pulling.wait()
         started = time.monotonic()
         num = pullers[side].pull(offer(servers[1 - side][1], source_ids), [0, 1])
-        return num, time.monotonic() - started
+        seconds = time.monotonic() - started
+        pulled[side].set()
+        # between steps an engine loop runs its queued reads: the other side's may still come
+        while not pulled[1 - side].wait(0.001):
+            reads[side].run_pending()
+        return num, seconds
 
     try:
         with futures.ThreadPoolExecutor(2) as pool:
