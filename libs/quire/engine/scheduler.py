@@ -19,8 +19,9 @@ newcomer once it has waited its own prefill's length: nothing starves), and a bu
 prompts that fits one step may be split: the step admits only the first k of them when the
 time the k save (each gets its first token one step earlier, before the rest's tokens are
 computed) exceeds what the others lose (one more step's fixed cost and its decode rows); a
-prompt a split deferred leads the next split and is not deferred again. In a burst (more than one prompt to prefill; every
-prompt waiting then stays in it until prefilled), a step beside streams that were already
+prompt a split deferred leads the next split and is not deferred again. In a burst (more than
+one prompt to prefill; every prompt waiting then stays in it until prefilled), a step beside
+streams that were already
 streaming when the burst arrived (a whole step between a stream's first token and the
 burst's oldest prompt) runs at most `max_decode_stall` times as long as its decodes alone, its
 prompt tokens chunked to fit: a burst does not pause the streams users were already reading.
@@ -255,8 +256,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """Pick this step's work and make room for it in one allocator call."""
         budget = self.config.max_num_batched_tokens
-        in_burst = self.config.shortest_first and self._in_burst()
-        prefill_room = self._prefill_room(in_burst)  # of the budget, what prompts may take
+        pending = self._pending_prompts() if self.config.shortest_first else []
+        in_burst = self.config.shortest_first and self._in_burst(pending)
+        prefill_room = self._prefill_room(in_burst, pending)  # what prompts may take of it
         plan: dict[str, int] = {}  # seq_id -> tokens to compute this step (upper bound)
         for seq in self.running:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
@@ -340,12 +342,13 @@ class Scheduler:
             self.running.append(seq)
             n = min(plan[seq.seq_id], seq.num_tokens - seq.num_computed_tokens)
             out.scheduled.append(self._scheduled(seq, n))
-        for scheduled in out.scheduled:
-            seq = scheduled.seq
-            if seq.first_token_step is None and (
-                scheduled.num_computed_tokens + scheduled.num_new_tokens >= seq.num_tokens
-            ):
-                seq.first_token_step = self.num_steps
+        if self.config.shortest_first:  # when each stream's first token came (the bound's)
+            for scheduled in out.scheduled:
+                seq = scheduled.seq
+                if seq.first_token_step is None and (
+                    scheduled.num_computed_tokens + scheduled.num_new_tokens >= seq.num_tokens
+                ):
+                    seq.first_token_step = self.num_steps
         self.num_steps += 1
         self.running.sort(key=lambda s: s.priority)
         return out
@@ -364,7 +367,7 @@ class Scheduler:
         fresh = [s for s in self.waiting if not s.request.was_scheduled]
         return resumed + sorted(fresh, key=urgency)
 
-    def _prefill_room(self, in_burst: bool) -> int:
+    def _prefill_room(self, in_burst: bool, pending: list[Sequence]) -> int:
         """How many prompt tokens this step may run. Under shortest-first, `in_burst` (more
         than one prompt to prefill, or the one left came in a burst: `_in_burst`), with a
         stream decoding that was streaming before the burst arrived: what keeps the step
@@ -380,20 +383,23 @@ class Scheduler:
         if not in_burst or not stall or costs.per_token_s is None:
             return budget
         decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
-        if not self._any_streamed_before_burst(decoding):
+        if not self._any_streamed_before_burst(decoding, pending):
             return budget
-        num_decoding = len(decoding)
-        decode_s = (costs.fixed_s or 0.0) + costs.per_token_s * num_decoding
+        decode_s = (costs.fixed_s or 0.0) + costs.per_token_s * len(decoding)
         room = int((stall - 1) * decode_s / costs.per_token_s)
         return min(budget, max(self.allocator.block_size, room))
 
-    def _any_streamed_before_burst(self, decoding: list[Sequence]) -> bool:
-        """Whether one of the decoding streams had its first token before the oldest prompt
-        still to prefill arrived: a whole step ended between them. (A prompt that arrived
+    def _pending_prompts(self) -> list[Sequence]:
+        """The prompts still to prefill: running ones mid-prefill, then the waiting ones."""
+        running = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        return running + list(self.waiting)
+
+    @staticmethod
+    def _any_streamed_before_burst(decoding: list[Sequence], pending: list[Sequence]) -> bool:
+        """Whether one of the decoding streams had its first token before the oldest of the
+        `pending` prompts arrived: a whole step ended between them. (A prompt that arrived
         during the step that gave a stream its first token may have come before that token:
         such a stream counts as the burst's own, and the bound does not hold for it.)"""
-        pending = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
-        pending += self.waiting
         if not pending:
             return False
         burst_step = min(s.arrived_step for s in pending)
@@ -402,10 +408,9 @@ class Scheduler:
             for s in decoding
         )
 
-    def _in_burst(self) -> bool:
+    @staticmethod
+    def _in_burst(pending: list[Sequence]) -> bool:
         """More than one prompt waits or prefills, or the one that does came in a burst."""
-        pending = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
-        pending += self.waiting
         return len(pending) > 1 or any(s.in_burst for s in pending)
 
     def _split_burst(self, admits: list[Sequence], plan: dict[str, int]) -> list[Sequence]:

@@ -46,7 +46,7 @@ class StepCostModel:
         tokens = [t for t, _ in self.steps]
         if max(tokens) - min(tokens) < MIN_SPAN:
             return  # decodes alone: the per-token cost of a prompt is not in it
-        mean_t = sum(t for t, _ in self.steps) / n
+        mean_t = sum(tokens) / n
         mean_s = sum(s for _, s in self.steps) / n
         var_t = sum((t - mean_t) ** 2 for t, _ in self.steps)
         if var_t == 0:

@@ -1498,7 +1498,7 @@ void pack_head(const Problem<scalar_t>& p, const PackedHead& h, float* buffer) {
 
 // Working memory of one thread's packed tiles, grown to the largest it meets.
 struct PackedScratch {
-  std::vector<float> query, scores, out;
+  std::vector<float> query, scores, out, sums;
   std::vector<c10::BFloat16> query_bf16, weights_bf16;
 };
 
@@ -1559,7 +1559,7 @@ void packed_tile(const Problem<scalar_t>& p, const PackedHead& h, const PackedTi
   // bfloat16 pairs); its sum kept for the end
   const int weight_end = kBf16Dot ? (key_end + 1) / 2 * 2 : key_end;
   const __m512 scale = _mm512_set1_ps(kBf16Dot ? p.scale : 1.0f);
-  std::vector<float> sums(num_rows);
+  s.sums.resize(static_cast<size_t>(num_rows));
   for (int row = 0; row < num_rows; ++row) {
     float* r = s.scores.data() + row * score_stride;
     const int seen = prefix_len + tile.start + row / group + 1;
@@ -1583,7 +1583,7 @@ void packed_tile(const Problem<scalar_t>& p, const PackedHead& h, const PackedTi
       }
       sum = _mm512_add_ps(sum, w);
     }
-    sums[row] = _mm512_reduce_add_ps(sum);
+    s.sums[row] = _mm512_reduce_add_ps(sum);
   }
   // 3. weighted values, 64 channels a tile, then over the sums into the output
   for (int64_t c = 0; c < channel_tiles; ++c) {
@@ -1605,7 +1605,7 @@ void packed_tile(const Problem<scalar_t>& p, const PackedHead& h, const PackedTi
   for (int i = 0; i < tile.num_tokens; ++i) {
     for (int g = 0; g < group; ++g) {
       const int row = i * group + g;
-      const float inv_sum = 1.0f / sums[row];
+      const float inv_sum = 1.0f / s.sums[row];
       const float* acc = s.out.data() + row * out_stride;
       scalar_t* out = p.out + ((h.first_token + tile.start + i) * p.num_heads +
                                h.kv_head * group + g) *
