@@ -53,11 +53,11 @@ class EngineConfig:
     max_model_len: int | None = _setting(None, "context cap (default: the model's)")
     scheduling_policy: str = _setting(
         "fcfs",
-        "which waiting prompts a step admits first: fcfs (arrival order) or shortest (the "
-        "shortest prefill first, a prompt's waiting time counted against its length so none "
-        "starves, and a burst split where the shorter prompts' earlier first tokens save more "
-        "than one more step costs, no prompt deferred twice: first tokens sooner, the stream's "
-        "pauses longer)",
+        "which prompts a step prefills first: fcfs (arrival order) or shortest (the shortest "
+        "remaining prefill first, a prompt's waiting time counted against its length so none "
+        "starves; a burst split into the steps that give its first tokens soonest in sum, and "
+        "a long prompt chunked so shorter arrivals go between its chunks: first tokens "
+        "sooner, the streams' pauses longer)",
     )
     max_decode_stall: float = _setting(
         4.0,

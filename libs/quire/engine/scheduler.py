@@ -13,23 +13,26 @@ allocator's prefix hits plus what a `PrefixLoader` (swap mode: quire.engine.swap
 into the blocks after them: both are tokens it did not compute, counted the same way.
 
 Admission order (SchedulerConfig.shortest_first, EngineConfig.scheduling_policy). "fcfs":
-arrival order. "shortest": resumed sequences first in arrival order, then waiting prompts by
-their prefill's estimated time less the time they have waited (so a long prompt outranks any
-newcomer once it has waited its own prefill's length: nothing starves), and a burst of
-prompts that fits one step may be split: the step admits only the first k of them when the
-time the k save (each gets its first token one step earlier, before the rest's tokens are
-computed) exceeds what the others lose (one more step's fixed cost and its decode rows); a
-prompt a split deferred leads the next split and is not deferred again. In a burst (more than
-one prompt to prefill; every prompt waiting then stays in it until prefilled), a step beside
-streams that were already
-streaming when the burst arrived (a whole step between a stream's first token and the
-burst's oldest prompt) runs at most `max_decode_stall` times as long as its decodes alone, its
-prompt tokens chunked to fit: a burst does not pause the streams users were already reading.
-The streams a burst starts itself are not bounded by its rest: each of their tokens still
-comes no later than if the whole burst had been one step. A prompt that joins running streams
-alone is prefilled whole, as under arrival order (chunking it would only move its first token
-later). The costs are the engine's steps, fitted (quire.engine.step_costs); until they are
-measured the order is arrival order and nothing is bounded.
+arrival order. "shortest" (shortest remaining prefill first): the prompts still to prefill,
+those mid-prefill and those waiting alike, are ordered by their prefill's estimated time left
+less the time they have waited (resumed sequences first; a long prompt outranks any newcomer
+once it has waited its own prefill's length: nothing starves), and a step runs the first
+batch of the split of that order into consecutive steps that minimizes the sum of their
+first tokens' times (each step predicted by the fitted costs: a fixed part, its prompt tokens
+and its decode rows). Shorter prompts in steps of their own get their first tokens before
+the longer ones' prefill; one more step costs every prompt after it its fixed part. A prompt
+that runs alone in a step runs in chunks about long enough that a step's fixed cost is a
+tenth of one (CHUNK_FIXED_SHARE), so a long prompt, arriving first at an idle engine or
+joining running streams, yields to shorter arrivals between its chunks at that price. In a
+burst (more than one prompt to prefill; every prompt waiting then stays in it until
+prefilled), a step beside streams that were already streaming when the burst arrived (a
+whole step between a stream's first token and the burst's oldest prompt) runs at most
+`max_decode_stall` times as long as its decodes alone, its prompt tokens chunked to fit: a
+burst does not pause the streams users were already reading. The streams a burst starts
+itself are not bounded by its rest: each of their tokens still comes no later than if the
+whole burst had been one step. The costs are the engine's steps, fitted
+(quire.engine.step_costs); until they are measured the order is arrival order, nothing is
+split or chunked and nothing is bounded.
 
 An admitted prompt's next blocks may also be offered from a peer executor (the memory
 manager's `PullOffer`, right after the local hits): a `BlockPuller` copies them into the
@@ -46,6 +49,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from quire.block.allocator import (
     AdmitRequest,
     AppendRequest,
@@ -61,6 +66,10 @@ from quire.config import EngineConfig
 from quire.engine.pull_choice import PullCostModel
 from quire.engine.sequence import SeqStatus, Sequence
 from quire.engine.step_costs import StepCostModel
+
+# Shortest-first: a prompt's chunk is about long enough that one more step's fixed cost is this
+# share of it (what a long prompt pays for yielding to shorter ones between its chunks).
+CHUNK_FIXED_SHARE = 0.1
 
 
 class BlockPuller(Protocol):
@@ -260,28 +269,48 @@ class Scheduler:
         in_burst = self.config.shortest_first and self._in_burst(pending)
         prefill_room = self._prefill_room(in_burst, pending)  # what prompts may take of it
         plan: dict[str, int] = {}  # seq_id -> tokens to compute this step (upper bound)
+        # Under shortest-first the prompts mid-prefill are ordered with the waiting ones
+        # (shortest remaining first), so a long prompt's chunks yield to shorter arrivals.
+        prompting: list[Sequence] = []
         for seq in self.running:
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if n > 1 and self.config.shortest_first:
+                prompting.append(seq)
+                continue
             if n > 1:  # a prompt's next chunk, not a decode
                 n = min(n, prefill_room)
                 prefill_room -= n
             if n > 0:
                 plan[seq.seq_id] = n
                 budget -= n
-        admits: list[Sequence] = []
+        taken: list[Sequence] = []  # the prompts this step runs, mid-prefill and admitted
         num_slots = self.config.max_num_seqs - len(self.running)
-        for seq in self._admission_order():
-            if min(budget, prefill_room) <= 0 or len(admits) >= num_slots:
+        for seq in self._prompt_order(prompting):
+            if min(budget, prefill_room) <= 0:
                 break
-            admits.append(seq)
-            plan[seq.seq_id] = min(seq.num_tokens, budget, prefill_room)
-            budget -= plan[seq.seq_id]
-            prefill_room -= plan[seq.seq_id]
+            if seq.status is SeqStatus.WAITING:
+                if num_slots <= 0:
+                    if prompting:
+                        continue  # no slot for it; a prompt already running may still fit
+                    break
+                num_slots -= 1
+            taken.append(seq)
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget, prefill_room)
+            plan[seq.seq_id] = n
+            budget -= n
+            prefill_room -= n
         if self.config.shortest_first:
-            admits = self._split_burst(admits, plan)
+            kept = self._first_batch(taken, plan, len(self.running) - len(prompting))
+            for seq in taken[len(kept) :]:
+                del plan[seq.seq_id]
+            taken = kept
+            if len(taken) == 1:  # a prompt alone: chunked, to yield to shorter arrivals
+                idle = not self.running and len(self.waiting) == 1
+                plan[taken[0].seq_id] = self._prompt_chunk(plan[taken[0].seq_id], idle)
             if in_burst:  # every prompt waiting now is of it, admitted or not
                 for seq in self.waiting:
                     seq.in_burst = True
+        admits = [s for s in taken if s.status is SeqStatus.WAITING]
 
         request = self._take_pending(
             appends=tuple(
@@ -353,19 +382,47 @@ class Scheduler:
         self.running.sort(key=lambda s: s.priority)
         return out
 
-    def _admission_order(self) -> Iterable[Sequence]:
-        """The waiting sequences in the order they are offered this step's room."""
+    def _prompt_order(self, prompting: list[Sequence]) -> Iterable[Sequence]:
+        """The prompts offered this step's room, in order: `prompting` (running, mid-prefill:
+        shortest-first only) and the waiting sequences. Shortest-first with fitted costs:
+        resumed sequences in arrival order, then the others by their prefill's estimated
+        time left less the time they have waited (a long prompt outranks any newcomer once
+        it has waited its own prefill's length: nothing starves). Otherwise arrival order,
+        the running prompts first."""
         costs = self.step_costs
-        if not self.config.shortest_first or costs.per_token_s is None or len(self.waiting) < 2:
-            return self.waiting
+        if not self.config.shortest_first or costs.per_token_s is None:
+            return [*prompting, *self.waiting]
         now, per_token = time.monotonic(), costs.per_token_s
 
         def urgency(seq: Sequence) -> tuple[float, tuple[int, int]]:
-            return (seq.num_tokens * per_token - (now - seq.waiting_since), seq.priority)
+            left = seq.num_tokens - seq.num_computed_tokens
+            return (left * per_token - (now - seq.waiting_since), seq.priority)
 
         resumed = [s for s in self.waiting if s.request.was_scheduled]
         fresh = [s for s in self.waiting if not s.request.was_scheduled]
-        return resumed + sorted(fresh, key=urgency)
+        return resumed + sorted([*prompting, *fresh], key=urgency)
+
+    def _prompt_chunk(self, left: int, idle: bool) -> int:
+        """How many of a prompt's `left` tokens a step that runs it alone computes, under
+        shortest-first with fitted costs: chunks about long enough that one more step's fixed
+        cost is CHUNK_FIXED_SHARE of one, so a long prompt pays about that for yielding to
+        shorter arrivals between its chunks; `left` split evenly (no short tail chunk whose
+        step would cost mostly its fixed part). The first chunk of a prompt that found the
+        engine `idle` is shorter, about one fixed cost's worth of tokens: a burst's prompts
+        reach the engine spread over a few steps, and a short first step lets the rest of its
+        burst be ordered with it, for one more step's fixed cost. Otherwise all of them."""
+        costs = self.step_costs
+        if not self.config.shortest_first or costs.per_token_s is None or not costs.fixed_s:
+            return left
+        tokens_per_fixed = costs.fixed_s / costs.per_token_s
+        target = tokens_per_fixed * (1 - CHUNK_FIXED_SHARE) / CHUNK_FIXED_SHARE
+        target = max(self.allocator.block_size, target)
+        num_chunks = round(left / target)
+        if num_chunks <= 1:
+            return left
+        if idle:
+            return max(self.allocator.block_size, int(tokens_per_fixed))
+        return -(-left // num_chunks)
 
     def _prefill_room(self, in_burst: bool, pending: list[Sequence]) -> int:
         """How many prompt tokens this step may run. Under shortest-first, `in_burst` (more
@@ -413,32 +470,34 @@ class Scheduler:
         """More than one prompt waits or prefills, or the one that does came in a burst."""
         return len(pending) > 1 or any(s.in_burst for s in pending)
 
-    def _split_burst(self, admits: list[Sequence], plan: dict[str, int]) -> list[Sequence]:
-        """The leading admits worth a step of their own: the first k, where k maximizes
-        k * per_token * (tokens after the k-th) - (m - k) * (one more step), if positive.
-        The admits an earlier split deferred lead, and k covers them: a prompt waits at most
-        one step for a split, so a burst is not cut into a step per prompt."""
+    def _first_batch(
+        self, taken: list[Sequence], plan: dict[str, int], num_decoding: int
+    ) -> list[Sequence]:
+        """The leading prompts of `taken` this step runs: the first batch of the partition of
+        `taken` (in its order) into consecutive steps that minimizes the sum of their first
+        tokens' times, each step predicted at fixed_s + per_token_s * (its prompt tokens +
+        its decode rows: `num_decoding` streams and the prompts of the earlier batches).
+        Shorter prompts in a step of their own get their first tokens before the longer
+        ones' prefill; one more step costs every prompt after it its fixed part. A prompt
+        left out keeps its place in the order, where its wait counts against its length:
+        shorter newcomers may go before it, and once it has waited its own prefill's time
+        it leads."""
         costs = self.step_costs
-        if len(admits) < 2 or costs.per_token_s is None or costs.fixed_s is None:
-            return admits
-        # a prompt a split deferred once is not deferred again: such admits go first, and k
-        # covers them all
-        admits = [s for s in admits if s.split_deferred] + [
-            s for s in admits if not s.split_deferred
-        ]
-        min_k = max(1, sum(s.split_deferred for s in admits))
-        per_token = costs.per_token_s
-        extra_step = costs.fixed_s + per_token * len(self.running)
-        total = sum(plan[s.seq_id] for s in admits)
-        best_k, best_saving, head = len(admits), 0.0, 0
-        for k in range(1, len(admits)):
-            head += plan[admits[k - 1].seq_id]
-            saving = k * per_token * (total - head) - (len(admits) - k) * extra_step
-            if k >= min_k and saving > best_saving:
-                best_k, best_saving = k, saving
-        for seq in admits[best_k:]:
-            seq.split_deferred = True
-        return admits[:best_k]
+        if len(taken) < 2 or costs.per_token_s is None or costs.fixed_s is None:
+            return taken
+        m, per_token = len(taken), costs.per_token_s
+        ends = np.cumsum([0] + [plan[s.seq_id] for s in taken], dtype=np.float64)
+        # best[j]: the least summed first-token time of taken[j:], counted from their start
+        best = np.zeros(m + 1)
+        first_end = 0
+        for j in range(m - 1, -1, -1):
+            step_s = costs.fixed_s + per_token * (num_decoding + j + ends[j + 1 :] - ends[j])
+            total = step_s * (m - j) + best[j + 1 :]
+            # on a tie the larger batch: fewer steps for the same first tokens
+            e = int(m - j - 1 - np.argmin(total[::-1]))
+            best[j] = total[e]
+            first_end = j + 1 + e
+        return taken[:first_end]
 
     def _pull(self, seq: Sequence, offer: PullOffer) -> int:
         """Tokens copied from a peer into the blocks right after `seq`'s prefix hits."""
@@ -486,7 +545,7 @@ class Scheduler:
         seq.waiting_since = time.monotonic()
         seq.arrived_step = self.num_steps
         seq.first_token_step = None
-        seq.in_burst = seq.split_deferred = False
+        seq.in_burst = False
         position = 0
         while position < len(self.waiting) and self.waiting[position].priority < seq.priority:
             position += 1

@@ -44,8 +44,6 @@ class Sequence:
     # decoding streams were already streaming when a burst arrived (scheduler's)
     arrived_step: int = 0
     first_token_step: int | None = None
-    # a shortest-first split deferred it: no split defers it again (scheduler's)
-    split_deferred: bool = False
 
     @property
     def num_tokens(self) -> int:

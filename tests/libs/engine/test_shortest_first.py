@@ -69,47 +69,87 @@ def burst(sched: Scheduler, lengths: list[int]) -> None:
         sched.add(make_seq(f"p{i}", i, n))
 
 
-def test_a_burst_runs_its_shortest_prompts_first_in_a_step_of_their_own() -> None:
+def test_a_burst_runs_its_shortest_prompts_first_in_steps_of_their_own() -> None:
     sched = shortest(max_num_batched_tokens=2048)
-    sched.step_costs = fitted(fixed_s=0.02, per_token_s=0.001)
+    # a step's fixed cost of 0.1 s: chunks of about 900 tokens (no prompt here is chunked)
+    sched.step_costs = fitted(fixed_s=0.1, per_token_s=0.001)
     burst(sched, [700, 10, 300, 12])
-    out = run_step(sched)
-    # Sorted 10, 12, 300, 700: admitting k saves k * 1 ms * (tokens after them) and costs the
-    # others a step of 20 ms each: k=1 0.95 s, k=2 1.96 s, k=3 2.08 s, so k = 3.
-    assert [s.seq.seq_id for s in out.scheduled] == ["p1#0", "p3#0", "p2#0"]
-    assert [s.seq_id for s in sched.waiting] == ["p0#0"]
-    out = run_step(sched)
-    # p0 beside the three streams its own burst started: they were not streaming when it
-    # arrived, so no stall bound holds for them and p0 is prefilled whole (each of their
-    # tokens still comes no later than in one step with p0)
-    assert {s.seq.seq_id: s.num_new_tokens for s in out.scheduled} == {
-        "p1#0": 1,
-        "p3#0": 1,
-        "p2#0": 1,
-        "p0#0": 700,
-    }
+    # Sorted 10, 12, 300, 700, the summed first-token times of each split into steps (a step
+    # costs 0.1 s + 1 ms per prompt token and per decode row): 10 and 12 together, then 300,
+    # then 700, 2.095 s, least of all (one step for all four: 4.088 s; each alone: 2.386 s)
+    steps = [{s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} for _ in range(3)]
+    assert steps == [
+        {"p1#0": 10, "p3#0": 12},
+        {"p1#0": 1, "p3#0": 1, "p2#0": 300},
+        {"p1#0": 1, "p3#0": 1, "p2#0": 1, "p0#0": 700},
+    ]
 
 
-def test_a_prompt_a_split_deferred_is_not_deferred_again() -> None:
+def summed_first_tokens(lengths: list[int], cuts: list[int], costs: tuple[float, float]) -> float:
+    """The summed first-token times of prompts of `lengths` run in the steps that `cuts` (the
+    ends of the steps) splits them into, idle engine, by the scheduler's cost line."""
+    fixed_s, per_token_s = costs
+    now, total, start = 0.0, 0.0, 0
+    for end in cuts:
+        now += fixed_s + per_token_s * (start + sum(lengths[start:end]))
+        total += now * (end - start)
+        start = end
+    return total
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_burst_runs_in_the_steps_of_its_best_split(seed: int) -> None:
+    rng = random.Random(seed)
+    lengths = rng.sample(range(2, rng.choice((30, 400))), rng.randint(2, 9))  # distinct
+    per_token_s = rng.uniform(0.0002, 0.005)
+    # a fixed cost of at least 50 tokens': chunks of 450 or more, so no prompt here is chunked
+    costs = (per_token_s * rng.uniform(50, 500), per_token_s)
     sched = shortest(max_num_batched_tokens=4096)
     sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = costs
+    burst(sched, lengths)
+    # every split of the sorted burst into consecutive steps, tried one by one
+    ordered = sorted(lengths)
+    m = len(ordered)
+    splits = [[*(i + 1 for i in range(m - 1) if mask >> i & 1), m] for mask in range(2 ** (m - 1))]
+    best = min(splits, key=lambda cuts: summed_first_tokens(ordered, cuts, costs))
+    steps = []
+    while sched.waiting or any(s.num_computed_tokens < s.num_prompt_tokens for s in sched.running):
+        out = run_step(sched)
+        steps.append(sorted(s.num_new_tokens for s in out.scheduled if s.num_new_tokens > 1))
+    assert steps == [ordered[a:b] for a, b in zip([0, *best], best, strict=False)]
+
+
+def test_a_deferred_prompt_waits_for_shorter_ones_until_it_waited_its_own_prefill(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr("quire.engine.scheduler.time.monotonic", lambda: now[0])
+    sched = shortest(max_num_batched_tokens=4096)
+    sched.step_costs = FrozenCosts()
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.1, 0.001
     burst(sched, [700, 10])
-    out = run_step(sched)  # 10 first: it saves 0.70 s against a step of 20 ms
+    out = run_step(sched)  # 10 first: it saves 0.70 s against a step of 0.1 s
     assert [s.seq.seq_id for s in out.scheduled] == ["p1#0"]
+    now[0] += 0.1
     for i, n in enumerate([12, 300, 320, 720], start=2):
         sched.add(make_seq(f"p{i}", i, n))
-    # The 700, deferred once, leads; then 12, 300, 320, 720 (2,052 tokens, one stream
-    # decoding: a step costs 21 ms). Sorted by length alone the best split would be the first
-    # 3 (12, 300, 320: 4.22 s saved), deferring the 700 again; led by it, k = 3 saves most
-    # (3.08 s against 2.86 s for k = 4).
+    # The 700 has waited 0.1 s of its 0.7 s: it stands at 0.6 s, after 12, 300 and 320 (its
+    # deferral does not promote it). The best split of 12, 300, 320, 700, 720 beside one
+    # stream runs 12 and 300 first.
     by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
-    assert by_id == {"p1#0": 1, "p0#0": 700, "p2#0": 12, "p3#0": 300}
-    # the 320 and the 720, deferred once each, then run together, beside the streams of
-    # their own burst, unbounded
-    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
-    assert (by_id["p4#0"], by_id["p5#0"]) == (320, 720)
-    assert not sched.waiting
+    assert by_id == {"p1#0": 1, "p2#0": 12, "p3#0": 300}
+    # 0.8 s on, the 700 has waited more than its prefill: it goes no later than a 5-token
+    # newcomer (which, fresh, it would follow)
+    now[0] += 0.7
+    sched.add(make_seq("p6", 6, 5))
+    first_step: dict[str, int] = {}
+    for step in range(6):
+        for s in run_step(sched).scheduled:
+            if s.num_new_tokens > 1 or s.seq.num_prompt_tokens == 5:
+                first_step.setdefault(s.seq.seq_id, step)
+    assert first_step["p0#0"] <= first_step["p6#0"]
+    assert first_step["p4#0"] <= first_step["p6#0"]  # the 320: waited longer than its own
 
 
 def test_no_split_where_one_more_step_costs_more_than_it_saves() -> None:
@@ -176,16 +216,17 @@ def test_a_burst_beside_decoding_streams_is_chunked_to_the_stall_bound() -> None
     sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
     decoding_then(sched, 4, [700, 650])
     # The decodes alone: 20 ms + 4 x 1 ms = 24 ms; four times that leaves 72 ms = 72 prompt
-    # tokens per step, the shorter prompt first; then five streams (20 + 5 ms) x 3 = 75 tokens
-    # of the longer one, which, left last, is still of the burst.
+    # tokens per step, the shorter prompt first (its last 2 tokens in a step of their own: its
+    # first token 70 ms sooner); then five streams (20 + 5 ms) x 3 = 75 tokens of the longer
+    # one, which, left last, is still of the burst.
     prompt_tokens: list[int] = []
     while sum(prompt_tokens) < 1350:
         by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
         assert all(by_id[f"p{i}#0"] == 1 for i in range(4)), "a stream skipped a step"
         if len(prompt_tokens) == 9:
-            assert (by_id["later1#0"], by_id["later0#0"]) == (2, 70)
+            assert by_id["later1#0"] == 2 and "later0#0" not in by_id
         prompt_tokens.append(sum(n for i, n in by_id.items() if i.startswith("later") and n > 1))
-    assert prompt_tokens == [72] * 10 + [75] * 8 + [30]
+    assert prompt_tokens == [72] * 9 + [2] + [75] * 9 + [25]
 
 
 def test_a_burst_arriving_during_a_streams_first_step_is_not_bounded_by_it() -> None:
@@ -199,24 +240,59 @@ def test_a_burst_arriving_during_a_streams_first_step_is_not_bounded_by_it() -> 
     sched.add(make_seq("a", 1, 700))
     sched.add(make_seq("b", 2, 650))
     by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
-    # bounded it would be 3 x (20 + 1) = 63 tokens; the split runs the shorter one whole
-    assert by_id == {"first#0": 1, "b#0": 650}
+    # bounded it would be 3 x (20 + 1) = 63 tokens; the split runs the shorter one first,
+    # alone, in the chunks of a prompt alone (650 in four)
+    assert by_id == {"first#0": 1, "b#0": 163}
 
 
-def test_a_prompt_joining_running_streams_alone_is_prefilled_whole() -> None:
+def test_a_prompt_alone_is_chunked_and_shorter_arrivals_go_between_its_chunks() -> None:
+    # A step's fixed cost of 20 ms is a tenth of a chunk of 180 tokens: a 700-token prompt
+    # joining four streams runs in four chunks of 175, bound or no bound.
     for stall in (4, 0):
         sched = shortest(max_num_batched_tokens=2048, max_decode_stall=stall)
         sched.step_costs = FrozenCosts()
         sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
         decoding_then(sched, 4, [700])
-        by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
-        assert by_id["later0#0"] == 700
+        chunks = [
+            {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}["later0#0"]
+            for _ in range(4)
+        ]
+        assert chunks == [175] * 4
+        assert sched.running[-1].num_tokens - sched.running[-1].num_computed_tokens == 1
 
-    unbounded = shortest(max_num_batched_tokens=2048, max_decode_stall=0)
-    unbounded.step_costs = sched.step_costs
-    decoding_then(unbounded, 4, [700, 650])
-    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(unbounded).scheduled}
-    assert by_id["later1#0"] == 650  # (the split leaves the 700 for the next step)
+    # A 30-token prompt that arrives after the first chunk gets its step before the rest.
+    sched = shortest(max_num_batched_tokens=2048, max_decode_stall=0)
+    sched.step_costs = FrozenCosts()
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    decoding_then(sched, 4, [700])
+    run_step(sched)
+    sched.add(make_seq("short", 9, 30))
+    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+    assert by_id["short#0"] == 30 and "later0#0" not in by_id
+    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+    assert (by_id["short#0"], by_id["later0#0"]) == (1, 175)
+
+
+def test_a_long_prompt_finding_the_engine_idle_runs_a_short_first_chunk() -> None:
+    sched = shortest(max_num_batched_tokens=2048)
+    sched.step_costs = FrozenCosts()
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.add(make_seq("long", 0, 700))
+    # one fixed cost's worth of tokens (20 ms / 1 ms): the rest of a burst arriving during
+    # that short step is ordered with the 680 left
+    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"long#0": 20}
+    sched.add(make_seq("short", 1, 30))
+    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"short#0": 30}
+    # then the 680 left in chunks of 170, beside the short one's stream
+    by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
+    assert by_id == {"short#0": 1, "long#0": 170}
+
+    # a prompt short enough to run whole runs whole, idle engine or not
+    sched = shortest(max_num_batched_tokens=2048)
+    sched.step_costs = FrozenCosts()
+    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.add(make_seq("one", 0, 250))
+    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"one#0": 250}
 
 
 def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
