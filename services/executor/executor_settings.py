@@ -100,7 +100,13 @@ class ExecutorSettings(BaseSettings):
     max_num_seqs: int = _engine("max_num_seqs", ge=1)
     max_num_batched_tokens: int = _engine("max_num_batched_tokens", ge=1)
     max_model_len: int | None = _engine("max_model_len", ge=2)
-    scheduling_policy: Literal["fcfs", "shortest"] = _engine("scheduling_policy")
+    # A served engine puts first tokens first; offline `LLM` keeps arrival order (its
+    # callers wait for every output at once).
+    scheduling_policy: Literal["fcfs", "shortest"] = Field(
+        default="shortest",
+        description=engine_field("scheduling_policy").metadata["help"]
+        + ". An executor's default is shortest; offline LLM's is fcfs",
+    )
     max_decode_stall: float = _engine("max_decode_stall")
     enable_prefix_caching: bool = _engine("enable_prefix_caching")
     free_outside_window: bool = _engine("free_outside_window")

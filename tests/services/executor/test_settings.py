@@ -54,7 +54,13 @@ def test_settings_carry_every_engine_config_field_with_its_default() -> None:
     from quire.config import EngineConfig
 
     settings_fields = ExecutorSettings.model_fields
+    # where a served engine's default is not offline LLM's (docs/architecture.md, Decisions)
+    served = {"scheduling_policy": ("shortest", "fcfs")}
     for field in fields(EngineConfig):
         assert field.name in settings_fields, f"ExecutorSettings lacks {field.name}"
-        if field.name != "model" and field.default is not MISSING:
+        if field.name in served:
+            executor_default, offline_default = served[field.name]
+            assert settings_fields[field.name].default == executor_default, field.name
+            assert field.default == offline_default, field.name
+        elif field.name != "model" and field.default is not MISSING:
             assert settings_fields[field.name].default == field.default, field.name
