@@ -35,6 +35,21 @@ class FrozenCosts(StepCostModel):
         pass
 
 
+def frozen(*costs: float) -> FrozenCosts:
+    """Costs (fixed_s, per_token_s) that the steps run in the test do not move."""
+    model = FrozenCosts()
+    model.fixed_s, model.per_token_s = costs
+    return model
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The scheduler's monotonic clock, set by the test: [now]."""
+    now = [100.0]
+    monkeypatch.setattr("quire.engine.scheduler.time.monotonic", lambda: now[0])
+    return now
+
+
 def test_the_line_is_fitted_from_steps_once_there_are_enough() -> None:
     model = StepCostModel()
     for tokens in (10, 100, 1000, 50, 500, 5, 2000)[: MIN_STEPS - 1]:
@@ -105,8 +120,7 @@ def test_a_burst_runs_in_the_steps_of_its_best_split(seed: int) -> None:
     # a fixed cost of at least 50 tokens': chunks of 450 or more, so no prompt here is chunked
     costs = (per_token_s * rng.uniform(50, 500), per_token_s)
     sched = shortest(max_num_batched_tokens=4096)
-    sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = costs
+    sched.step_costs = frozen(*costs)
     burst(sched, lengths)
     # every split of the sorted burst into consecutive steps, tried one by one
     ordered = sorted(lengths)
@@ -121,13 +135,11 @@ def test_a_burst_runs_in_the_steps_of_its_best_split(seed: int) -> None:
 
 
 def test_a_deferred_prompt_waits_for_shorter_ones_until_it_waited_its_own_prefill(
-    monkeypatch: pytest.MonkeyPatch,
+    clock: list[float],
 ) -> None:
-    now = [100.0]
-    monkeypatch.setattr("quire.engine.scheduler.time.monotonic", lambda: now[0])
+    now = clock
     sched = shortest(max_num_batched_tokens=4096)
-    sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.1, 0.001
+    sched.step_costs = frozen(0.1, 0.001)
     burst(sched, [700, 10])
     out = run_step(sched)  # 10 first: it saves 0.70 s against a step of 0.1 s
     assert [s.seq.seq_id for s in out.scheduled] == ["p1#0"]
@@ -174,11 +186,8 @@ def test_fcfs_and_unmeasured_costs_keep_arrival_order() -> None:
         assert [s.seq.seq_id for s in out.scheduled] == ["p0#0", "p1#0", "p2#0", "p3#0"]
 
 
-def test_a_long_prompt_that_waited_its_own_prefill_goes_first(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    now = [100.0]
-    monkeypatch.setattr("quire.engine.scheduler.time.monotonic", lambda: now[0])
+def test_a_long_prompt_that_waited_its_own_prefill_goes_first(clock: list[float]) -> None:
+    now = clock
     sched = shortest(max_num_batched_tokens=700)
     sched.step_costs = fitted(fixed_s=0.02, per_token_s=0.001)
     sched.add(make_seq("long", 0, 700))
@@ -212,8 +221,7 @@ def decoding_then(sched: Scheduler, num_streams: int, later: list[int]) -> None:
 
 def test_a_burst_beside_decoding_streams_is_chunked_to_the_stall_bound() -> None:
     sched = shortest(max_num_batched_tokens=2048, max_decode_stall=4)
-    sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.step_costs = frozen(0.02, 0.001)
     decoding_then(sched, 4, [700, 650])
     # The decodes alone: 20 ms + 4 x 1 ms = 24 ms; four times that leaves 72 ms = 72 prompt
     # tokens per step, the shorter prompt first (its last 2 tokens in a step of their own: its
@@ -233,8 +241,7 @@ def test_a_burst_arriving_during_a_streams_first_step_is_not_bounded_by_it() -> 
     # One prompt reaches an idle engine and starts a step of its own; the rest of its burst
     # arrives during that step, before (for all the scheduler knows) its first token.
     sched = shortest(max_num_batched_tokens=2048, max_decode_stall=4)
-    sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.step_costs = frozen(0.02, 0.001)
     sched.add(make_seq("first", 0, 20))
     run_step(sched)
     sched.add(make_seq("a", 1, 700))
@@ -250,8 +257,7 @@ def test_a_prompt_alone_is_chunked_and_shorter_arrivals_go_between_its_chunks() 
     # joining four streams runs in four chunks of 175, bound or no bound.
     for stall in (4, 0):
         sched = shortest(max_num_batched_tokens=2048, max_decode_stall=stall)
-        sched.step_costs = FrozenCosts()
-        sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+        sched.step_costs = frozen(0.02, 0.001)
         decoding_then(sched, 4, [700])
         chunks = [
             {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}["later0#0"]
@@ -262,8 +268,7 @@ def test_a_prompt_alone_is_chunked_and_shorter_arrivals_go_between_its_chunks() 
 
     # A 30-token prompt that arrives after the first chunk gets its step before the rest.
     sched = shortest(max_num_batched_tokens=2048, max_decode_stall=0)
-    sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.step_costs = frozen(0.02, 0.001)
     decoding_then(sched, 4, [700])
     run_step(sched)
     sched.add(make_seq("short", 9, 30))
@@ -275,8 +280,7 @@ def test_a_prompt_alone_is_chunked_and_shorter_arrivals_go_between_its_chunks() 
 
 def test_a_long_prompt_finding_the_engine_idle_runs_a_short_first_chunk() -> None:
     sched = shortest(max_num_batched_tokens=2048)
-    sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.step_costs = frozen(0.02, 0.001)
     sched.add(make_seq("long", 0, 700))
     # one fixed cost's worth of tokens (20 ms / 1 ms): the rest of a burst arriving during
     # that short step is ordered with the 680 left
@@ -289,8 +293,7 @@ def test_a_long_prompt_finding_the_engine_idle_runs_a_short_first_chunk() -> Non
 
     # a prompt short enough to run whole runs whole, idle engine or not
     sched = shortest(max_num_batched_tokens=2048)
-    sched.step_costs = FrozenCosts()
-    sched.step_costs.fixed_s, sched.step_costs.per_token_s = 0.02, 0.001
+    sched.step_costs = frozen(0.02, 0.001)
     sched.add(make_seq("one", 0, 250))
     assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"one#0": 250}
 
@@ -319,9 +322,7 @@ def test_greedy_tokens_are_those_of_arrival_order(tiny_model: Path) -> None:
     runs = {}
     for policy in ("fcfs", "shortest"):
         llm = LLM(model=str(tiny_model), dtype="float32", scheduling_policy=policy)
-        costs = FrozenCosts()
-        costs.fixed_s, costs.per_token_s = 0.002, 0.001
-        llm.engine.scheduler.step_costs = costs
+        llm.engine.scheduler.step_costs = frozen(0.002, 0.001)
         admitted: list[str] = []
         schedule = llm.engine.scheduler.schedule
 
