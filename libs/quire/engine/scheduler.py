@@ -32,7 +32,10 @@ burst does not pause the streams users were already reading. The streams a burst
 itself are not bounded by its rest: each of their tokens still comes no later than if the
 whole burst had been one step. The costs are the engine's steps, fitted
 (quire.engine.step_costs); until they are measured the order is arrival order, nothing is
-split or chunked and nothing is bounded.
+split or chunked and nothing is bounded. A waiting prompt's prefill left counts out its
+likely prefix hits, the leading blocks this engine computed lately
+(quire.engine.recent_prefixes): a conversation's next turn goes by its new tokens, not its
+whole length.
 
 An admitted prompt's next blocks may also be offered from a peer executor (the memory
 manager's `PullOffer`, right after the local hits): a `BlockPuller` copies them into the
@@ -64,6 +67,7 @@ from quire.block.tables import BlockTables
 from quire.cache.block_transfer import PullStats
 from quire.config import EngineConfig
 from quire.engine.pull_choice import PullCostModel
+from quire.engine.recent_prefixes import RecentPrefixes
 from quire.engine.sequence import SeqStatus, Sequence
 from quire.engine.step_costs import StepCostModel
 
@@ -95,6 +99,9 @@ class SchedulerConfig:
     # under shortest_first, in a burst: a step beside decoding streams runs at most this many
     # times the decodes alone (EngineConfig.max_decode_stall; 0: no bound)
     max_decode_stall: float = 0.0
+    # the allocator answers prefix hits (EngineConfig.enable_prefix_caching): shortest-first
+    # then counts a waiting prompt's likely hits out of its prefill (RecentPrefixes)
+    prefix_caching: bool = False
 
     @classmethod
     def of(cls, config: EngineConfig, extra_key: str = "") -> SchedulerConfig:
@@ -104,6 +111,7 @@ class SchedulerConfig:
             extra_key,
             shortest_first=config.scheduling_policy == "shortest",
             max_decode_stall=config.max_decode_stall,
+            prefix_caching=config.enable_prefix_caching,
         )
 
 
@@ -187,6 +195,12 @@ class Scheduler:
         self.puller = puller
         self.pull_costs = PullCostModel()  # whether an offer is worth taking (measured)
         self.step_costs = StepCostModel()  # the engine's steps, for shortest-first admission
+        # the blocks computed lately, for a waiting prompt's likely prefix hits (shortest-first)
+        self.recent_prefixes = (
+            RecentPrefixes(allocator.block_size, config.extra_key)
+            if config.shortest_first and config.prefix_caching
+            else None
+        )
         self._pending_released_pins: list[str] = []
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -220,6 +234,8 @@ class Scheduler:
         known = max(self.tables.num_committed_tokens(seq_id), self._pending_commits.get(seq_id, 0))
         if seq.num_computed_tokens // block_size > known // block_size:
             self._pending_commits[seq_id] = seq.num_computed_tokens
+        if self.recent_prefixes is not None:
+            self.recent_prefixes.record(seq)
 
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence; its blocks are freed next step."""
@@ -295,7 +311,7 @@ class Scheduler:
                     break
                 num_slots -= 1
             taken.append(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget, prefill_room)
+            n = min(self._prefill_left(seq), budget, prefill_room)
             plan[seq.seq_id] = n
             budget -= n
             prefill_room -= n
@@ -395,12 +411,25 @@ class Scheduler:
         now, per_token = time.monotonic(), costs.per_token_s
 
         def urgency(seq: Sequence) -> tuple[float, tuple[int, int]]:
-            left = seq.num_tokens - seq.num_computed_tokens
+            left = self._prefill_left(seq)
             return (left * per_token - (now - seq.waiting_since), seq.priority)
 
         resumed = [s for s in self.waiting if s.request.was_scheduled]
         fresh = [s for s in self.waiting if not s.request.was_scheduled]
         return resumed + sorted([*prompting, *fresh], key=urgency)
+
+    def _prefill_left(self, seq: Sequence) -> int:
+        """The tokens `seq` still has to compute: a waiting prompt's likely prefix hits (the
+        blocks this engine computed lately) left out under shortest-first, unless it asks for
+        its prompt's logprobs (which bypass the prefix cache)."""
+        left = seq.num_tokens - seq.num_computed_tokens
+        if (
+            self.recent_prefixes is None
+            or seq.status is not SeqStatus.WAITING
+            or seq.request.needs_prompt_logprobs
+        ):
+            return left
+        return left - self.recent_prefixes.cached_tokens(seq)
 
     def _prompt_chunk(self, left: int, idle: bool) -> int:
         """How many of a prompt's `left` tokens a step that runs it alone computes, under

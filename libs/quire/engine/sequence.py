@@ -44,6 +44,10 @@ class Sequence:
     # decoding streams were already streaming when a burst arrived (scheduler's)
     arrived_step: int = 0
     first_token_step: int | None = None
+    # chained hashes of its leading full blocks so far, and how many of them are in the
+    # scheduler's RecentPrefixes (quire.engine.recent_prefixes)
+    block_hashes: list[bytes] = field(default_factory=list)
+    num_recorded_blocks: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ import pytest
 
 from quire import LLM, SamplingParams
 from quire.block.manager import BlockManager
+from quire.engine.recent_prefixes import RecentPrefixes
 from quire.engine.scheduler import Scheduler
 from quire.engine.step_costs import MIN_STEPS, WINDOW, StepCostModel
 
@@ -296,6 +297,50 @@ def test_a_long_prompt_finding_the_engine_idle_runs_a_short_first_chunk() -> Non
     sched.step_costs = frozen(0.02, 0.001)
     sched.add(make_seq("one", 0, 250))
     assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"one#0": 250}
+
+
+def test_recent_prefixes_count_a_prompts_leading_blocks_computed_lately() -> None:
+    recent = RecentPrefixes(block_size=16, capacity=8)
+    first = make_seq("first", 0, 100)
+    first.num_computed_tokens = 100  # 6 full blocks
+    recent.record(first)
+    again = make_seq("again", 1, 0)
+    again.token_ids = first.token_ids[:70] + [5] * 50  # 4 blocks the same, then others
+    assert recent.cached_tokens(again) == 64
+    whole = make_seq("whole", 2, 0)
+    whole.token_ids = first.token_ids[:96]  # every block recorded: its last token computed
+    assert recent.cached_tokens(whole) == 95
+    assert recent.cached_tokens(make_seq("other", 3, 100)) == 0
+    # the oldest blocks go first: the chain's head is lost, and with it the whole prefix
+    later = make_seq("later", 4, 80)
+    later.num_computed_tokens = 80
+    recent.record(later)
+    assert recent.cached_tokens(again) == 0
+
+
+def test_a_conversation_this_engine_computed_goes_by_the_prefill_it_still_needs() -> None:
+    sched = shortest(max_num_batched_tokens=4096)
+    sched.step_costs = frozen(0.1, 0.001)  # chunks of 900: none here
+    burst(sched, [600])
+    for _ in range(3):
+        run_step(sched)
+    (turn,) = sched.running
+    sched.finish(turn)
+    # the next turn: the first one's 600 tokens and its 3 outputs, then 60 new tokens; and a
+    # fresh 100-token prompt that arrived before it
+    sched.add(make_seq("fresh", 1, 100))
+    follow_up = make_seq("next", 2, 0)
+    follow_up.token_ids = [*turn.token_ids, *range(500, 560)]
+    sched.add(follow_up)
+    # 37 of its blocks (592 tokens) computed here lately: 71 tokens left, fewer than the
+    # fresh prompt's 100, so it goes first (by their whole lengths, 663 against 100, it would
+    # wait); then the allocator's hits agree and it computes just those 71
+    out = run_step(sched)
+    assert [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled][0] == ("next#0", 71)
+
+    # without prefix caching nothing is counted as cached
+    plain = shortest(max_num_batched_tokens=4096, enable_prefix_caching=False)
+    assert plain.recent_prefixes is None
 
 
 def test_without_streams_decoding_a_step_takes_its_whole_budget() -> None:
