@@ -50,6 +50,7 @@ from collections import deque
 from collections.abc import Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Protocol
 
 import numpy as np
@@ -301,7 +302,7 @@ class Scheduler:
                 budget -= n
         taken: list[Sequence] = []  # the prompts this step runs, mid-prefill and admitted
         num_slots = self.config.max_num_seqs - len(self.running)
-        for seq in self._prompt_order(prompting):
+        for seq, left in self._prompt_order(prompting):
             if min(budget, prefill_room) <= 0:
                 break
             if seq.status is SeqStatus.WAITING:
@@ -311,7 +312,7 @@ class Scheduler:
                     break
                 num_slots -= 1
             taken.append(seq)
-            n = min(self._prefill_left(seq), budget, prefill_room)
+            n = min(left, budget, prefill_room)
             plan[seq.seq_id] = n
             budget -= n
             prefill_room -= n
@@ -398,25 +399,28 @@ class Scheduler:
         self.running.sort(key=lambda s: s.priority)
         return out
 
-    def _prompt_order(self, prompting: list[Sequence]) -> Iterable[Sequence]:
-        """The prompts offered this step's room, in order: `prompting` (running, mid-prefill:
+    def _prompt_order(self, prompting: list[Sequence]) -> Iterable[tuple[Sequence, int]]:
+        """The prompts offered this step's room, in order, each with the tokens it still has
+        to compute (`_prefill_left`, once a step): `prompting` (running, mid-prefill:
         shortest-first only) and the waiting sequences. Shortest-first with fitted costs:
         resumed sequences in arrival order, then the others by their prefill's estimated
         time left less the time they have waited (a long prompt outranks any newcomer once
         it has waited its own prefill's length: nothing starves). Otherwise arrival order,
-        the running prompts first."""
+        the running prompts first (lazily: the walk stops where the budget does)."""
         costs = self.step_costs
         if not self.config.shortest_first or costs.per_token_s is None:
-            return [*prompting, *self.waiting]
+            return ((seq, self._prefill_left(seq)) for seq in chain(prompting, self.waiting))
         now, per_token = time.monotonic(), costs.per_token_s
 
-        def urgency(seq: Sequence) -> tuple[float, tuple[int, int]]:
-            left = self._prefill_left(seq)
+        def urgency(item: tuple[Sequence, int]) -> tuple[float, tuple[int, int]]:
+            seq, left = item
             return (left * per_token - (now - seq.waiting_since), seq.priority)
 
-        resumed = [s for s in self.waiting if s.request.was_scheduled]
-        fresh = [s for s in self.waiting if not s.request.was_scheduled]
-        return resumed + sorted([*prompting, *fresh], key=urgency)
+        resumed = [(s, self._prefill_left(s)) for s in self.waiting if s.request.was_scheduled]
+        fresh = [(s, self._prefill_left(s)) for s in prompting] + [
+            (s, self._prefill_left(s)) for s in self.waiting if not s.request.was_scheduled
+        ]
+        return resumed + sorted(fresh, key=urgency)
 
     def _prefill_left(self, seq: Sequence) -> int:
         """The tokens `seq` still has to compute: a waiting prompt's likely prefix hits (the
@@ -441,7 +445,7 @@ class Scheduler:
         reach the engine spread over a few steps, and a short first step lets the rest of its
         burst be ordered with it, for one more step's fixed cost. Otherwise all of them."""
         costs = self.step_costs
-        if not self.config.shortest_first or costs.per_token_s is None or not costs.fixed_s:
+        if costs.per_token_s is None or not costs.fixed_s:
             return left
         tokens_per_fixed = costs.fixed_s / costs.per_token_s
         target = tokens_per_fixed * (1 - CHUNK_FIXED_SHARE) / CHUNK_FIXED_SHARE

@@ -48,7 +48,7 @@ class StepCostModel:
             return  # decodes alone: the per-token cost of a prompt is not in it
         mean_t = sum(tokens) / n
         mean_s = sum(s for _, s in self.steps) / n
-        var_t = sum((t - mean_t) ** 2 for t, _ in self.steps)
+        var_t = sum((t - mean_t) ** 2 for t in tokens)
         if var_t == 0:
             return  # every step ran as many tokens: the line is not determined yet
         slope = sum((t - mean_t) * (s - mean_s) for t, s in self.steps) / var_t
