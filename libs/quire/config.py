@@ -67,6 +67,23 @@ class EngineConfig:
         "the fitted step costs); its prompt tokens are chunked to fit. The streams a burst "
         "starts itself and a prompt joining running streams alone are not bounded; 0: no bound",
     )
+    num_speculative_tokens: int = _setting(
+        0,
+        "most draft tokens a decoding stream runs per step, guessed from its own earlier tokens "
+        "(n-gram speculation, quire.engine.ngram_drafts): each emitted token is still the "
+        "model's own sample after the tokens before it (float32 gives the tokens of decoding "
+        "without drafts; in half precision a near-tie may fall the other way, as between "
+        "batch sizes); a step takes the drafts whose expected "
+        "kept tokens are worth their cost under the fitted step costs, so a memory-bound step "
+        "(few streams) emits several tokens and a compute-bound one runs as without. Not for "
+        "n>1 or structured outputs; 0: off",
+    )
+    speculative_ngram_min: int = _setting(
+        2, "the shortest suffix of a stream's tokens looked up for drafts"
+    )
+    speculative_ngram_max: int = _setting(
+        4, "the longest suffix of a stream's tokens looked up for drafts (the longest found wins)"
+    )
     dtype: str = _setting(
         "auto",
         "auto (bfloat16 on CUDA and on CPUs with native bf16: AVX512_BF16 or AMX, else "
@@ -136,6 +153,15 @@ class EngineConfig:
         if self.max_decode_stall != 0 and self.max_decode_stall < 1:
             raise ValueError(
                 f"max_decode_stall must be 0 (no bound) or at least 1, got {self.max_decode_stall}"
+            )
+        if self.num_speculative_tokens < 0:
+            raise ValueError(
+                f"num_speculative_tokens must be >= 0, got {self.num_speculative_tokens}"
+            )
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValueError(
+                "need 1 <= speculative_ngram_min <= speculative_ngram_max, got "
+                f"{self.speculative_ngram_min} and {self.speculative_ngram_max}"
             )
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(

@@ -133,6 +133,14 @@ class ExecutorMetrics:
         self.num_preemptions = counter("num_preemptions", "Cumulative preemptions.")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens admitted.")
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.spec_decode_num_draft_tokens = counter(
+            "spec_decode_num_draft_tokens",
+            "N-gram draft tokens run after decoding streams' last tokens.",
+        )
+        self.spec_decode_num_accepted_tokens = counter(
+            "spec_decode_num_accepted_tokens",
+            "Draft tokens kept (each one more token from its step).",
+        )
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds",
             "From the request's arrival at the executor to its first token.",
@@ -213,6 +221,9 @@ class ExecutorMetrics:
             self.generation_tokens.inc(stats.num_sampled)
         if stats.num_preempted:
             self.num_preemptions.inc(stats.num_preempted)
+        if stats.num_draft_tokens:
+            self.spec_decode_num_draft_tokens.inc(stats.num_draft_tokens)
+            self.spec_decode_num_accepted_tokens.inc(stats.num_kept_drafts)
         swap = stats.swap
         if swap.host_bytes_capacity:
             self.cpu_cache_usage_perc.set(swap.host_bytes_used / swap.host_bytes_capacity)

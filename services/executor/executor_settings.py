@@ -108,6 +108,16 @@ class ExecutorSettings(BaseSettings):
         + ". An executor's default is shortest; offline LLM's is fcfs",
     )
     max_decode_stall: float = _engine("max_decode_stall")
+    # A served stream gets its tokens sooner with drafts where they pay; offline `LLM` keeps
+    # them off (its batches are compute-bound, where drafts would not be taken anyway).
+    num_speculative_tokens: int = Field(
+        default=4,
+        ge=0,
+        description=engine_field("num_speculative_tokens").metadata["help"]
+        + ". An executor's default is 4; offline LLM's is 0",
+    )
+    speculative_ngram_min: int = _engine("speculative_ngram_min", ge=1)
+    speculative_ngram_max: int = _engine("speculative_ngram_max", ge=1)
     enable_prefix_caching: bool = _engine("enable_prefix_caching")
     free_outside_window: bool = _engine("free_outside_window")
     device: str = _engine("device")

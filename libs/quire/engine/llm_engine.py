@@ -124,7 +124,7 @@ class LLMEngine:
             host_pool = HostBlockPool(config.swap_space_bytes)
             self.swapper = KVSwapper(self.runner.kv, host_pool, extra_key)
         self.scheduler = Scheduler(
-            SchedulerConfig.of(config, extra_key=extra_key),
+            SchedulerConfig.of(config, extra_key=extra_key, max_model_len=self.max_model_len),
             self.allocator,
             self.runner.tables,
             self.swapper,
@@ -138,6 +138,8 @@ class LLMEngine:
         self._arrivals = itertools.count()
         self.num_steps = 0
         self.num_generated_tokens = 0
+        self.num_draft_tokens = 0  # n-gram drafts run, and kept, since the engine started
+        self.num_kept_drafts = 0
 
     # --- requests ----------------------------------------------------------------------------
 
@@ -288,10 +290,13 @@ class LLMEngine:
         ):
             # a pass over prompt tokens: what computing a prefix costs, for pull-or-compute
             self.scheduler.pull_costs.observe_compute(step.num_tokens, executed - scheduled)
-        if self.scheduler.config.shortest_first and not step.is_empty():
-            # its only reader: arrival order needs no step costs, and the fit is per step
+        if self.scheduler.config.measures_steps and not step.is_empty():
+            # its only readers: arrival order without drafts needs no step costs
             self.scheduler.step_costs.observe(step.num_tokens, time.perf_counter() - started)
-        return StepResult(outputs, step_stats(step, output, occupancy, times, swap, pull))
+        stats = step_stats(step, output, occupancy, times, swap, pull)
+        self.num_draft_tokens += stats.num_draft_tokens
+        self.num_kept_drafts += stats.num_kept_drafts
+        return StepResult(outputs, stats)
 
     def stats(self) -> EngineStats:
         return EngineStats(
@@ -301,6 +306,8 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_steps=self.num_steps,
             num_generated_tokens=self.num_generated_tokens,
+            num_draft_tokens=self.num_draft_tokens,
+            num_kept_drafts=self.num_kept_drafts,
             swap=self.swapper.total_stats() if self.swapper is not None else NO_SWAP,
             pull=PullStats()
             if self.scheduler.puller is None

@@ -54,6 +54,9 @@ class ModelRunnerOutput:
     sample_s: float
     # Prompt logprobs computed this step (requests that asked for them, in chunk order).
     prompt_logprobs: list[PromptLogprobsChunk] = field(default_factory=list)
+    # seq_id -> how many of its drafts were kept, for every sequence that ran drafts (its
+    # tokens in `sampled`: the kept drafts, then the token sampled after them)
+    num_kept_drafts: dict[str, int] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -106,16 +109,17 @@ class ModelRunner:
             StructuredOutputs.finish(job)
             raise
         forwarded = time.perf_counter()
-        sampled = _sample(logits, draws, self.structured, job)
+        sampled, kept = draws.verify(_sample(logits, draws, self.structured, job))
         return ModelRunnerOutput(
-            sampled, forwarded - started, time.perf_counter() - forwarded, prompt_logprobs
+            sampled, forwarded - started, time.perf_counter() - forwarded, prompt_logprobs, kept
         )
 
     def compute_logits(
         self, step: SchedulerOutput
     ) -> tuple[torch.Tensor, list[PromptLogprobsChunk]]:
-        """Logits `[num_sampling_seqs, vocab]` float32, rows in `step.scheduled` order, and
-        the prompt logprobs of the chunks that need them."""
+        """Logits `[num_rows, vocab]` float32, rows in `step.scheduled` order (one per
+        sampling sequence, one more per draft), and the prompt logprobs of the chunks that
+        need them."""
         vocab = self.model.config.vocab_size
         self.kv.copy_blocks(step.copies)
         input_ids: list[int] = []
@@ -133,7 +137,8 @@ class ModelRunner:
             if (span := prompt_span(s, cu_query_lens[-1])) is not None:
                 spans.append(span)
             start, end = s.num_computed_tokens, s.num_computed_tokens + s.num_new_tokens
-            input_ids.extend(s.seq.token_ids[start:end])
+            input_ids.extend(s.seq.token_ids[start:end])  # up to its last token
+            input_ids.extend(s.draft_token_ids)
             positions.extend(range(start, end))
             flat = self.tables.get(s.seq.seq_id)
             for group in range(num_groups):
@@ -142,8 +147,9 @@ class ModelRunner:
                 slots[group].extend(table[p // bs] * bs + p % bs for p in range(start, end))
             cu_query_lens.append(cu_query_lens[-1] + s.num_new_tokens)
             context_lens.append(end)
-            if s.samples:
-                sample_rows.append(cu_query_lens[-1] - 1)
+            if s.samples:  # its last token's row, and each draft's
+                last = cu_query_lens[-1] - 1
+                sample_rows.extend(range(last - len(s.draft_token_ids), last + 1))
 
         def t(values: list[int] | list[list[int]], dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(values, dtype=dtype, device=self.device)
@@ -200,32 +206,59 @@ def _prompt_logprobs(
 @dataclass(frozen=True, slots=True)
 class _Draws:
     """The step's draws: one per (sequence, output index); an n>1 fork draws n times from
-    its one logits row."""
+    its one logits row; a sequence with drafts draws once from its last token's row and once
+    from each draft's, as if the drafts before it were its tokens."""
 
     rows: list[SampleRow]
     targets: list[tuple[Sequence, int]]
     row_index: list[int]  # the logits row of each draw
+    # per sequence with drafts: its first draw's index, and its drafts
+    drafted: list[tuple[int, tuple[int, ...]]]
 
     @classmethod
     def of(cls, due: list[ScheduledSeq]) -> _Draws:
-        draws = cls([], [], [])
-        for row, s in enumerate(due):
+        draws = cls([], [], [], [])
+        row = 0
+        for s in due:
             seq, request = s.seq, s.seq.request
+            drafts = s.draft_token_ids
+            if drafts:
+                draws.drafted.append((len(draws.rows), drafts))
             for index in s.sample_indices:
-                draws.rows.append(
-                    SampleRow(
-                        request.params,
-                        seq.token_ids,
-                        len(request.prompt_token_ids),
-                        request.seeds[index],
+                for j in range(len(drafts) + 1):
+                    # the history this position's penalties and seeded draw see
+                    history = [*seq.token_ids, *drafts[:j]] if j else seq.token_ids
+                    draws.rows.append(
+                        SampleRow(
+                            request.params,
+                            history,
+                            len(request.prompt_token_ids),
+                            request.seeds[index],
+                        )
                     )
-                )
-                draws.targets.append((seq, index))
-                draws.row_index.append(row)
+                    draws.targets.append((seq, index))
+                    draws.row_index.append(row + j)
+            row += len(drafts) + 1
         return draws
 
     def grammar_rows(self) -> list[GrammarRow]:
         return [(seq.request, index, seq.output_token_ids) for seq, index in self.targets]
+
+    def verify(self, sampled: list[SampledToken]) -> tuple[list[SampledToken], dict[str, int]]:
+        """`sampled` with each drafted sequence's draws cut after the first whose draft
+        differs from what was sampled before it: what it emits (its kept drafts, each equal
+        to its sample, then the sample after them), and how many drafts each kept."""
+        if not self.drafted:
+            return sampled, {}
+        kept: dict[str, int] = {}
+        cut: set[int] = set()  # indices of draws dropped
+        for first, drafts in self.drafted:
+            num_kept = 0
+            while num_kept < len(drafts) and sampled[first + num_kept].token_id == drafts[num_kept]:
+                num_kept += 1
+            kept[sampled[first].seq.seq_id] = num_kept
+            cut.update(range(first + num_kept + 1, first + len(drafts) + 1))
+        return [t for i, t in enumerate(sampled) if i not in cut], kept
 
 
 def _sample(

@@ -67,6 +67,7 @@ from quire.block.allocator import (
 from quire.block.tables import BlockTables
 from quire.cache.block_transfer import PullStats
 from quire.config import EngineConfig
+from quire.engine.ngram_drafts import NgramIndex
 from quire.engine.pull_choice import PullCostModel
 from quire.engine.recent_prefixes import RecentPrefixes
 from quire.engine.sequence import SeqStatus, Sequence
@@ -75,6 +76,10 @@ from quire.engine.step_costs import StepCostModel
 # Shortest-first: a prompt's chunk is about long enough that one more step's fixed cost is this
 # share of it (what a long prompt pays for yielding to shorter ones between its chunks).
 CHUNK_FIXED_SHARE = 0.1
+# N-gram drafts before the step costs are fitted: a step's fixed part taken to cost this many
+# tokens' worth (a guess on the low side, so drafts are taken only where plainly worth it), so
+# a lone stream drafts from its first tokens and a step of many streams does not.
+DRAFT_TOKENS_PER_FIXED = 16.0
 
 
 class BlockPuller(Protocol):
@@ -103,9 +108,17 @@ class SchedulerConfig:
     # the allocator answers prefix hits (EngineConfig.enable_prefix_caching): shortest-first
     # then counts a waiting prompt's likely hits out of its prefill (RecentPrefixes)
     prefix_caching: bool = False
+    # n-gram speculation (EngineConfig.num_speculative_tokens, speculative_ngram_min/max):
+    # most drafts per stream and step (0: off), the suffix lengths looked up
+    num_speculative_tokens: int = 0
+    ngram_min: int = 2
+    ngram_max: int = 4
+    max_model_len: int = 0  # a sequence's most tokens (drafts never run past it); 0: no cap
 
     @classmethod
-    def of(cls, config: EngineConfig, extra_key: str = "") -> SchedulerConfig:
+    def of(
+        cls, config: EngineConfig, extra_key: str = "", max_model_len: int = 0
+    ) -> SchedulerConfig:
         return cls(
             config.max_num_seqs,
             config.max_num_batched_tokens,
@@ -113,7 +126,16 @@ class SchedulerConfig:
             shortest_first=config.scheduling_policy == "shortest",
             max_decode_stall=config.max_decode_stall,
             prefix_caching=config.enable_prefix_caching,
+            num_speculative_tokens=config.num_speculative_tokens,
+            ngram_min=config.speculative_ngram_min,
+            ngram_max=config.speculative_ngram_max,
+            max_model_len=max_model_len,
         )
+
+    @property
+    def measures_steps(self) -> bool:
+        """Whether the scheduler reads fitted step costs (shortest-first, or drafts)."""
+        return self.shortest_first or self.num_speculative_tokens > 0
 
 
 class PrefixLoader(Protocol):
@@ -137,6 +159,10 @@ class ScheduledSeq:
     # the sequence's end; every index 0..n-1 on an n>1 request's first token (the fork);
     # otherwise the sequence's own index.
     sample_indices: tuple[int, ...]
+    # n-gram speculation: tokens guessed to follow the sequence's last one, run after it in
+    # this step (counted in `num_new_tokens`); every position from the last token on is
+    # sampled, and the drafts are kept up to the first one its sample differs from
+    draft_token_ids: tuple[int, ...] = ()
 
     @property
     def samples(self) -> bool:
@@ -233,8 +259,11 @@ class Scheduler:
         commit that registers no new full block changes nothing and is not sent)."""
         seq_id, block_size = seq.seq_id, self.allocator.block_size
         known = max(self.tables.num_committed_tokens(seq_id), self._pending_commits.get(seq_id, 0))
-        if seq.num_computed_tokens // block_size > known // block_size:
-            self._pending_commits[seq_id] = seq.num_computed_tokens
+        # kept drafts are computed before the allocator has their tokens (the next step's
+        # append): a commit covers only what it has
+        computed = min(seq.num_computed_tokens, seq.num_allocated_tokens)
+        if computed // block_size > known // block_size:
+            self._pending_commits[seq_id] = computed
         if self.recent_prefixes is not None:
             self.recent_prefixes.record(seq)
 
@@ -388,6 +417,8 @@ class Scheduler:
             self.running.append(seq)
             n = min(plan[seq.seq_id], seq.num_tokens - seq.num_computed_tokens)
             out.scheduled.append(self._scheduled(seq, n))
+        if self.config.num_speculative_tokens:
+            self._add_drafts(out)
         if self.config.shortest_first:  # when each stream's first token came (the bound's)
             for scheduled in out.scheduled:
                 seq = scheduled.seq
@@ -531,6 +562,84 @@ class Scheduler:
             best[j] = total[e]
             first_end = j + 1 + e
         return taken[:first_end]
+
+    def _add_drafts(self, out: SchedulerOutput) -> None:
+        """Give the step's decoding streams the n-gram drafts that pay (quire.engine.ngram_drafts).
+
+        A stream's j-th draft is kept with the estimated chance a**j (a: its drafts' record so
+        far, `DraftStats.acceptance`) and costs per_token_s of step time (the fitted costs).
+        Drafts are taken best first while the next one's expected tokens per second beat the
+        step's as it stands (its sampled rows, plus the expected kept drafts taken, over its
+        predicted time): a step bound by its fixed part (few streams) takes every draft worth
+        having, a step of many streams few or none. A stream's drafts fit the slots left in
+        its last block (its own after this step's append: nothing else is allocated or
+        copied), its `max_tokens` and the context. Until the costs are fitted a step's fixed
+        part counts as DRAFT_TOKENS_PER_FIXED tokens."""
+        costs = self.step_costs
+        fixed, per_token = DRAFT_TOKENS_PER_FIXED, 1.0  # in units of one token's cost
+        if costs.per_token_s is not None and costs.fixed_s is not None:
+            fixed, per_token = costs.fixed_s, costs.per_token_s
+        proposals: dict[int, list[int]] = {}
+        candidates: list[tuple[float, int, int]] = []  # (chance kept, draft j, step row)
+        for row, s in enumerate(out.scheduled):
+            seq = s.seq
+            if s.num_new_tokens != 1 or not s.samples or not self._speculates(seq):
+                continue
+            room = self._draft_room(seq)
+            if room <= 0:
+                continue
+            if seq.ngrams is None:
+                seq.ngrams = NgramIndex(self.config.ngram_min, self.config.ngram_max)
+            drafts = seq.ngrams.propose(seq.token_ids, room)
+            if not drafts:
+                continue
+            proposals[row] = drafts
+            kept = seq.draft_stats.acceptance()
+            candidates += [(kept ** (j + 1), j, row) for j in range(len(drafts))]
+        if not candidates:
+            return
+        candidates.sort(key=lambda c: (-c[0], c[1]))
+        expected = float(sum(s.samples for s in out.scheduled))
+        step_s = fixed + per_token * out.num_tokens
+        budget = self.config.max_num_batched_tokens - out.num_tokens
+        taken: dict[int, int] = {}
+        for chance, j, row in candidates:
+            # worth it: chance / per_token > expected / step_s
+            if budget <= 0 or chance * step_s <= expected * per_token:
+                break
+            if taken.get(row, 0) != j:
+                continue  # an earlier draft of its stream was not taken
+            taken[row] = j + 1
+            expected += chance
+            step_s += per_token
+            budget -= 1
+        for row, n in taken.items():
+            s = out.scheduled[row]
+            out.scheduled[row] = ScheduledSeq(
+                s.seq, s.num_computed_tokens, 1 + n, s.sample_indices, tuple(proposals[row][:n])
+            )
+
+    @staticmethod
+    def _speculates(seq: Sequence) -> bool:
+        """Drafts run for one-output requests without a grammar (a grammar's masks follow
+        the accepted tokens only; a fork samples one row several times)."""
+        params = seq.request.params
+        return params.n == 1 and params.structured is None
+
+    def _draft_room(self, seq: Sequence) -> int:
+        """How many drafts may follow `seq`'s last token this step: its last block's free
+        slots, less what would pass its `max_tokens` or the context (the token sampled
+        after the drafts counts too)."""
+        table = self.tables.get(seq.seq_id)
+        slots = len(table) // self.tables.num_groups * self.allocator.block_size
+        room = min(
+            slots - seq.num_tokens,
+            self.config.num_speculative_tokens,
+            seq.request.params.max_tokens - seq.num_output_tokens - 1,
+        )
+        if self.config.max_model_len:
+            room = min(room, self.config.max_model_len - seq.num_tokens - 1)
+        return room
 
     def _pull(self, seq: Sequence, offer: PullOffer) -> int:
         """Tokens copied from a peer into the blocks right after `seq`'s prefix hits."""

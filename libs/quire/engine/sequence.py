@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from quire.engine.ngram_drafts import DraftStats, NgramIndex
 from quire.outputs import Logprob
 from quire.sampling_params import SamplingParams
 
@@ -48,6 +49,10 @@ class Sequence:
     # scheduler's RecentPrefixes (quire.engine.recent_prefixes)
     block_hashes: list[bytes] = field(default_factory=list)
     num_recorded_blocks: int = 0
+    # n-gram speculation (scheduler's, quire.engine.ngram_drafts): its tokens' n-gram index,
+    # built on its first draft, and how its drafts have fared
+    ngrams: NgramIndex | None = None
+    draft_stats: DraftStats = field(default_factory=DraftStats)
 
     @property
     def num_tokens(self) -> int:

@@ -40,7 +40,7 @@ class StepStats:
 
     num_scheduled_seqs: int  # sequences that ran tokens through the model
     num_prefill_tokens: int  # tokens of sequences still catching up (prompt, recompute)
-    num_decode_tokens: int  # one per sequence that was already caught up
+    num_decode_tokens: int  # one per sequence that was already caught up (its drafts aside)
     num_sampled: int  # logit rows sampled (n>1 forks sample one row several times)
     attended_context_tokens: int  # sum over computed tokens of the context each attends to
     num_preempted: int  # sequences preempted to make room (recompute or swap)
@@ -56,10 +56,12 @@ class StepStats:
     update_s: float  # appending tokens, forks, stops and the step's deltas
     swap: SwapStats = NO_SWAP  # KV swapped out (preemptions) and in (resumes) this step
     pull: PullStats = field(default_factory=PullStats)  # blocks copied from peers this step
+    num_draft_tokens: int = 0  # n-gram drafts run after decoding streams' last tokens
+    num_kept_drafts: int = 0  # of them, kept (each one more token out of the step)
 
     @property
     def num_scheduled_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
+        return self.num_prefill_tokens + self.num_decode_tokens + self.num_draft_tokens
 
     @property
     def is_pool_refusing(self) -> bool:
@@ -83,6 +85,8 @@ class EngineStats:
     num_generated_tokens: int
     swap: SwapStats = NO_SWAP  # totals since the engine started, and the host pool now
     pull: PullStats = field(default_factory=PullStats)  # blocks copied from peers, totals
+    num_draft_tokens: int = 0  # n-gram drafts run since the engine started
+    num_kept_drafts: int = 0  # of them, kept
 
 
 def step_stats(
@@ -95,10 +99,13 @@ def step_stats(
 ) -> StepStats:
     """`occupancy`: running, waiting and KV-holding tokens after scheduling; `times`: the
     schedule, execute and update parts' wall seconds; `swap`: what the step swapped."""
-    num_decode = num_prefill = attended = 0
+    num_decode = num_prefill = num_drafts = attended = 0
     for s in step.scheduled:
         c, n = s.num_computed_tokens, s.num_new_tokens
-        if n == 1 and c >= s.seq.num_prompt_tokens:
+        if s.draft_token_ids:
+            num_decode += 1
+            num_drafts += n - 1
+        elif n == 1 and c >= s.seq.num_prompt_tokens:
             num_decode += 1
         else:
             num_prefill += n
@@ -124,4 +131,6 @@ def step_stats(
         update_s=update_s,
         swap=swap,
         pull=pull or PullStats(),
+        num_draft_tokens=num_drafts,
+        num_kept_drafts=sum(output.num_kept_drafts.values()),
     )

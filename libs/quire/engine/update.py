@@ -28,20 +28,53 @@ class StopRules:
 def update_from_output(
     scheduler: Scheduler, step: SchedulerOutput, output: ModelRunnerOutput, rules: StopRules
 ) -> list[RequestDelta]:
-    """Advance, fork, append and stop; the deltas of every request that produced a token."""
+    """Advance, fork, append and stop; the deltas of every request that produced a token.
+
+    A sequence that ran drafts emits its kept drafts and the token sampled after them (the
+    model runner's verdict): each kept draft counts as computed once appended, its rejected
+    drafts' slots are written again later, and tokens after one that stops it are dropped.
+    """
+    kept = output.num_kept_drafts
     for s in step.scheduled:
-        s.seq.num_computed_tokens += s.num_new_tokens
-        scheduler.commit(s.seq)
+        s.seq.num_computed_tokens += s.num_new_tokens - len(s.draft_token_ids)
+        if s.draft_token_ids:
+            s.seq.draft_stats.record(len(s.draft_token_ids), kept[s.seq.seq_id])
+        else:
+            scheduler.commit(s.seq)
     for chunk in output.prompt_logprobs:
         if chunk.start == len(chunk.request.prompt_logprobs):
             chunk.request.prompt_logprobs.extend(chunk.logprobs)
     # Children copy their parent's tokens before the parent's first output is appended.
     targets = [_fork(scheduler, t) if t.index != t.seq.index else t.seq for t in output.sampled]
-    touched: dict[str, tuple[Request, list[SequenceDelta]]] = {}
+    touched: dict[str, tuple[Request, dict[int, SequenceDelta]]] = {}
     for seq, token in zip(targets, output.sampled, strict=True):
+        deltas = touched.setdefault(seq.request.request_id, (seq.request, {}))[1]
+        earlier = deltas.get(seq.index)
+        if earlier is not None and earlier.finish_reason is not None:
+            continue  # a kept draft or its next token, after one that stopped it
+        if seq.seq_id in kept and seq.num_computed_tokens < seq.num_tokens:
+            seq.num_computed_tokens += 1  # the token before this one was a kept draft
         delta = _append(scheduler, seq, token, rules)
-        touched.setdefault(seq.request.request_id, (seq.request, []))[1].append(delta)
-    return [request_delta(request, deltas) for request, deltas in touched.values()]
+        deltas[seq.index] = delta if earlier is None else _joined(earlier, delta)
+    for s in step.scheduled:
+        if s.draft_token_ids:  # its kept drafts are computed now
+            scheduler.commit(s.seq)
+    return [request_delta(request, list(deltas.values())) for request, deltas in touched.values()]
+
+
+def _joined(earlier: SequenceDelta, later: SequenceDelta) -> SequenceDelta:
+    """One sequence's two deltas of one step as one (tokens in order, the later's state)."""
+    logprobs = None
+    if earlier.new_logprobs is not None and later.new_logprobs is not None:
+        logprobs = earlier.new_logprobs + later.new_logprobs
+    return SequenceDelta(
+        index=later.index,
+        new_token_ids=earlier.new_token_ids + later.new_token_ids,
+        new_logprobs=logprobs,
+        cumulative_logprob=later.cumulative_logprob,
+        finish_reason=later.finish_reason,
+        stop_reason=later.stop_reason,
+    )
 
 
 def request_delta(request: Request, deltas: list[SequenceDelta]) -> RequestDelta:

@@ -34,7 +34,9 @@ def samples(metrics: ExecutorMetrics) -> dict[str, float]:
     }
 
 
-def step_stats(num_sampled: int, num_preempted: int) -> StepStats:
+def step_stats(
+    num_sampled: int, num_preempted: int, num_drafts: int = 0, num_kept: int = 0
+) -> StepStats:
     return StepStats(
         num_scheduled_seqs=num_sampled,
         num_prefill_tokens=0,
@@ -52,6 +54,8 @@ def step_stats(num_sampled: int, num_preempted: int) -> StepStats:
         forward_s=0.0,
         sample_s=0.0,
         update_s=0.0,
+        num_draft_tokens=num_drafts,
+        num_kept_drafts=num_kept,
     )
 
 
@@ -63,7 +67,7 @@ def test_load_gauges_and_totals_and_step_counts_become_counters() -> None:
     # A memory manager that restarted forgets its totals: never a negative increment.
     metrics.observe_prefix_cache(num_queries=0, num_hits=0)
     metrics.observe_step(step_stats(num_sampled=4, num_preempted=1))
-    metrics.observe_step(step_stats(num_sampled=3, num_preempted=0))
+    metrics.observe_step(step_stats(num_sampled=3, num_preempted=0, num_drafts=5, num_kept=2))
     metrics.observe_load(ExecutorLoad(num_running=3, num_waiting=2, kv_blocks_total=8))
     got = samples(metrics)
     assert got["quire_executor_num_requests_running"] == 3
@@ -72,6 +76,8 @@ def test_load_gauges_and_totals_and_step_counts_become_counters() -> None:
     assert got["quire_executor_prefix_cache_hits_total"] == 16
     assert got["quire_executor_num_preemptions_total"] == 1
     assert got["quire_executor_generation_tokens_total"] == 7
+    assert got["quire_executor_spec_decode_num_draft_tokens_total"] == 5
+    assert got["quire_executor_spec_decode_num_accepted_tokens_total"] == 2
     metrics.observe_load(ExecutorLoad(num_running=3, kv_blocks_total=8, kv_blocks_used=2))
     assert samples(metrics)["quire_executor_kv_cache_usage_perc"] == 0.25
 

@@ -55,7 +55,7 @@ def test_settings_carry_every_engine_config_field_with_its_default() -> None:
 
     settings_fields = ExecutorSettings.model_fields
     # where a served engine's default is not offline LLM's (docs/architecture.md, Decisions)
-    served = {"scheduling_policy": ("shortest", "fcfs")}
+    served = {"scheduling_policy": ("shortest", "fcfs"), "num_speculative_tokens": (4, 0)}
     for field in fields(EngineConfig):
         assert field.name in settings_fields, f"ExecutorSettings lacks {field.name}"
         if field.name in served:
