@@ -574,7 +574,11 @@ class Scheduler:
         having, a step of many streams few or none. A stream's drafts fit the slots left in
         its last block (its own after this step's append: nothing else is allocated or
         copied), its `max_tokens` and the context. Until the costs are fitted a step's fixed
-        part counts as DRAFT_TOKENS_PER_FIXED tokens."""
+        part counts as DRAFT_TOKENS_PER_FIXED tokens. A step that runs a prompt's tokens takes
+        none: it is bound by arithmetic already, and each draft would delay the prompt's
+        first token (or its next chunk) for the streams' sake."""
+        if any(s.num_new_tokens > 1 for s in out.scheduled):
+            return  # a prompt's chunk: compute-bound, and a draft would delay its first token
         costs = self.step_costs
         fixed, per_token = DRAFT_TOKENS_PER_FIXED, 1.0  # in units of one token's cost
         if costs.per_token_s is not None and costs.fixed_s is not None:

@@ -117,7 +117,7 @@ def test_drafts_give_the_tokens_of_decoding_without_them(
 ) -> None:
     """Greedy and seeded sampling, with logprobs, lengths around block boundaries: the same
     tokens and logprobs with drafts as without; every draft within its last block, its
-    max_tokens and the context."""
+    max_tokens and the context, and none beside a prompt's chunk."""
     rng = random.Random(seed)
     lengths = [15, 16, 17, 31, 40]
     prompts = [[rng.randrange(3, 1000) for _ in range(n)] for n in lengths]
@@ -133,8 +133,15 @@ def test_drafts_give_the_tokens_of_decoding_without_them(
         tuple(p): list(out.outputs[0].token_ids) for p, out in zip(prompts, plain, strict=True)
     }
     oracle_drafts(monkeypatch, expected, seed)
-    for one_at_a_time in (False, True):
-        llm = LLM(model=str(tiny_model), dtype="float32", num_speculative_tokens=4)
+    # all at once; then 24 tokens a step, the later prompts' chunks beside earlier streams;
+    # then one request at a time
+    for one_at_a_time, budget in ((False, 2048), (False, 24), (True, 2048)):
+        llm = LLM(
+            model=str(tiny_model),
+            dtype="float32",
+            num_speculative_tokens=4,
+            max_num_batched_tokens=budget,
+        )
         steps = Steps(llm)
         if one_at_a_time:
             got = [
@@ -155,7 +162,9 @@ def test_drafts_give_the_tokens_of_decoding_without_them(
         stats = llm.stats()
         assert stats.num_kept_drafts > 0, "no draft was kept: nothing was verified"
         assert stats.num_draft_tokens > stats.num_kept_drafts, "no draft was rejected"
-        for step, _ in steps.drafted():
+        for step, num_drafts in steps.drafted():
+            prompting = any(s.num_new_tokens > 1 and not s.draft_token_ids for s in step.scheduled)
+            assert not (prompting and num_drafts), "drafts delayed a prompt's chunk"
             for s in step.scheduled:
                 if not s.draft_token_ids:
                     continue

@@ -25,6 +25,7 @@ from quire.block import (
 )
 from quire.config import EngineConfig
 from quire.engine.llm_engine import LLMEngine
+from quire.engine.ngram_drafts import NgramIndex
 from quire.sampling_params import SamplingParams
 from services.executor.remote_allocator import RemoteBlockAllocator
 from services.stack.ports import free_port
@@ -79,11 +80,19 @@ def expected() -> dict[str, list[int]]:
     return outputs(LLMEngine(_config()))
 
 
-def _config() -> EngineConfig:
-    return EngineConfig(model=str(TINY), block_size=BLOCK_SIZE, num_kv_blocks=64, device="cpu")
+def _config(num_speculative_tokens: int = 0) -> EngineConfig:
+    return EngineConfig(
+        model=str(TINY),
+        block_size=BLOCK_SIZE,
+        num_kv_blocks=64,
+        device="cpu",
+        num_speculative_tokens=num_speculative_tokens,
+    )
 
 
-def _remote(managers: list[ManagerThread], **kwargs: object) -> LLMEngine:
+def _remote(
+    managers: list[ManagerThread], num_speculative_tokens: int = 0, **kwargs: object
+) -> LLMEngine:
     def factory(num_blocks: int, tables: BlockTables, layout: TableLayout) -> RemoteBlockAllocator:
         return RemoteBlockAllocator(
             managers[-1].target,
@@ -99,7 +108,7 @@ def _remote(managers: list[ManagerThread], **kwargs: object) -> LLMEngine:
             **kwargs,  # type: ignore[arg-type]
         )
 
-    engine = LLMEngine(_config(), allocator_factory=factory)
+    engine = LLMEngine(_config(num_speculative_tokens), allocator_factory=factory)
     assert isinstance(engine.allocator, RemoteBlockAllocator)
     engine.allocator.register()
     return engine
@@ -119,6 +128,47 @@ def test_quiet_steps_make_no_call_and_change_no_tokens(expected: dict[str, list[
             allocator.num_steps,
         )
         assert allocator.num_resyncs == 0  # every sent step's tables checked out
+        assert allocator.stats().num_blocks_used == 0
+        allocator.close()
+    finally:
+        for manager in managers:
+            manager.stop()
+
+
+def test_drafts_kept_and_rejected_keep_the_manager_in_step(
+    expected: dict[str, list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N-gram drafts (here the known outputs, every other proposal with a wrong token) write
+    into the last block's free slots, which the manager does not hear of; the kept drafts'
+    tokens reach it with the next append and their commit once it has them: after every step
+    the manager holds the executor's tables, and the tokens are the in-process allocator's."""
+    managers = [ManagerThread().start()]
+    try:
+        engine = _remote(managers, num_speculative_tokens=4, verify_every=1)
+        allocator = engine.allocator
+        assert isinstance(allocator, RemoteBlockAllocator)
+        full = [
+            [*engine.tokenize(PROMPTS[request_id])[1], *expected[f"{request_id}/0"]]
+            for request_id in ("r0", "r2")  # r1 forks (n=3): it never drafts
+        ]
+        calls = [0]
+
+        def propose(self: NgramIndex, token_ids: list[int], k: int) -> list[int]:
+            for tokens in full:
+                if tokens[: len(token_ids)] == token_ids:
+                    drafts = tokens[len(token_ids) : len(token_ids) + k]
+                    calls[0] += 1
+                    if drafts and calls[0] % 2:
+                        drafts[-1] += 1
+                    return drafts
+            return []
+
+        monkeypatch.setattr(NgramIndex, "propose", propose)
+        got = outputs(engine, lambda _: check_in_step(managers[0], allocator))
+        assert got == expected
+        stats = engine.stats()
+        assert 0 < stats.num_kept_drafts < stats.num_draft_tokens
+        assert allocator.num_quiet_steps > 0 and allocator.num_resyncs == 0
         assert allocator.stats().num_blocks_used == 0
         allocator.close()
     finally:
