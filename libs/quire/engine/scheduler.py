@@ -76,6 +76,14 @@ from quire.engine.step_costs import StepCostModel
 # Shortest-first: a prompt's chunk is about long enough that one more step's fixed cost is this
 # share of it (what a long prompt pays for yielding to shorter ones between its chunks).
 CHUNK_FIXED_SHARE = 0.1
+# ... and only where other prompts are likely to arrive during its prefill: chunking costs the
+# prompt about CHUNK_FIXED_SHARE of its prefill P; a prompt arriving during it waits, without
+# chunks, about P / 2 on average, and about half of the arrivals are shorter, so at an arrival
+# rate r the expected gain r * P * P / 4 beats that cost where r * P >= 4 * CHUNK_FIXED_SHARE
+# arrivals are expected during the prefill. The rate: the arrivals of the latest
+# ARRIVAL_WINDOW_S seconds (one request at a time expects none: its prompts run whole).
+CHUNK_MIN_ARRIVALS = 4 * CHUNK_FIXED_SHARE
+ARRIVAL_WINDOW_S = 10.0
 # N-gram drafts before the step costs are fitted: a step's fixed part taken to cost this many
 # tokens' worth (a guess on the low side, so drafts are taken only where plainly worth it), so
 # a lone stream drafts from its first tokens and a step of many streams does not.
@@ -236,6 +244,8 @@ class Scheduler:
         self._pending_commits: dict[str, int] = {}
         self.num_preemptions = 0
         self.num_steps = 0  # schedule() calls so far: the steps sequences' arrivals are counted in
+        # when the latest sequences arrived (add), for the arrival rate (`_arrival_rate`)
+        self._arrivals: deque[float] = deque()
 
     # --- queue changes coming from the engine ---------------------------------------------
 
@@ -243,6 +253,8 @@ class Scheduler:
         self.waiting.append(seq)
         seq.waiting_since = time.monotonic()
         seq.arrived_step = self.num_steps
+        self._arrivals.append(seq.waiting_since)
+        self._arrival_rate(seq.waiting_since)  # keeps only the window
 
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` was sampled from `parent`'s logits; it shares the parent's blocks."""
@@ -474,10 +486,16 @@ class Scheduler:
         step would cost mostly its fixed part). The first chunk of a prompt that found the
         engine `idle` is shorter, about one fixed cost's worth of tokens: a burst's prompts
         reach the engine spread over a few steps, and a short first step lets the rest of its
-        burst be ordered with it, for one more step's fixed cost. Otherwise all of them."""
+        burst be ordered with it, for one more step's fixed cost. All of them where no other
+        prompt is likely to arrive during its prefill (fewer than CHUNK_MIN_ARRIVALS at the
+        recent arrival rate: one request at a time never waits for arrivals that do not come),
+        or without fitted costs."""
         costs = self.step_costs
         if costs.per_token_s is None or not costs.fixed_s:
             return left
+        prefill_s = costs.fixed_s + costs.per_token_s * left
+        if self._arrival_rate(time.monotonic()) * prefill_s < CHUNK_MIN_ARRIVALS:
+            return left  # no other prompt likely to arrive before it is done
         tokens_per_fixed = costs.fixed_s / costs.per_token_s
         target = tokens_per_fixed * (1 - CHUNK_FIXED_SHARE) / CHUNK_FIXED_SHARE
         target = max(self.allocator.block_size, target)
@@ -487,6 +505,16 @@ class Scheduler:
         if idle:
             return max(self.allocator.block_size, int(tokens_per_fixed))
         return -(-left // num_chunks)
+
+    def _arrival_rate(self, now: float) -> float:
+        """Sequences arriving per second lately: those of the latest ARRIVAL_WINDOW_S seconds
+        but the first, over the time since it (0 with fewer than two)."""
+        arrivals = self._arrivals
+        while arrivals and now - arrivals[0] > ARRIVAL_WINDOW_S:
+            arrivals.popleft()
+        if len(arrivals) < 2:
+            return 0.0
+        return (len(arrivals) - 1) / max(now - arrivals[0], 1e-3)
 
     def _prefill_room(self, in_burst: bool, pending: list[Sequence]) -> int:
         """How many prompt tokens this step may run. Under shortest-first, `in_burst` (more
