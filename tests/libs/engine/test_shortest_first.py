@@ -279,21 +279,23 @@ def test_a_prompt_alone_is_chunked_and_shorter_arrivals_go_between_its_chunks() 
     assert (by_id["short#0"], by_id["later0#0"]) == (1, 175)
 
 
-def arrived_every(sched: Scheduler, clock: list[float], seconds: float, count: int) -> None:
-    """`count` one-token requests arrived `seconds` apart, the last just now; gone since."""
+def after_arrivals(clock: list[float], seconds: float, count: int) -> Scheduler:
+    """A shortest-first scheduler (fixed part 20 ms, 1 ms a token) that saw `count` one-token
+    requests arrive `seconds` apart, the last just now, and finish."""
+    sched = shortest(max_num_batched_tokens=2048)
+    sched.step_costs = frozen(0.02, 0.001)
     for i in range(count):
         seq = make_seq(f"gone{i}", 100 + i, 1)
         sched.add(seq)
         sched.finish(seq)
         clock[0] += seconds
+    return sched
 
 
 def test_a_long_prompt_finding_the_engine_idle_runs_a_short_first_chunk(
     clock: list[float],
 ) -> None:
-    sched = shortest(max_num_batched_tokens=2048)
-    sched.step_costs = frozen(0.02, 0.001)
-    arrived_every(sched, clock, 0.5, 4)  # 2 arrivals a second: 1.4 during its 0.72 s prefill
+    sched = after_arrivals(clock, 0.5, 4)  # 2 arrivals a second: 1.4 during its 0.72 s prefill
     sched.add(make_seq("long", 0, 700))
     # one fixed cost's worth of tokens (20 ms / 1 ms): the rest of a burst arriving during
     # that short step is ordered with the 680 left
@@ -305,9 +307,7 @@ def test_a_long_prompt_finding_the_engine_idle_runs_a_short_first_chunk(
     assert by_id == {"short#0": 1, "long#0": 170}
 
     # a prompt short enough to run whole runs whole, idle engine or not
-    sched = shortest(max_num_batched_tokens=2048)
-    sched.step_costs = frozen(0.02, 0.001)
-    arrived_every(sched, clock, 0.5, 4)
+    sched = after_arrivals(clock, 0.5, 4)
     sched.add(make_seq("one", 0, 250))
     assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"one#0": 250}
 
@@ -317,22 +317,15 @@ def test_a_long_prompt_runs_whole_where_no_other_is_likely_to_arrive_during_it(
 ) -> None:
     """One request at a time (an arrival every 3 s: 0.24 expected during a 0.72 s prefill,
     under CHUNK_MIN_ARRIVALS): a long prompt at an idle engine, or joining streams, is
-    prefilled in one step; no shorter arrival is likely to need the gaps."""
-    sched = shortest(max_num_batched_tokens=2048)
-    sched.step_costs = frozen(0.02, 0.001)
-    arrived_every(sched, clock, 3.0, 3)
+    prefilled in one step; no shorter arrival is likely to need the gaps (the same prompt
+    after arrivals half a second apart is chunked: the test above)."""
+    sched = after_arrivals(clock, 3.0, 3)
     sched.add(make_seq("long", 0, 700))
     assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"long#0": 700}
     clock[0] += 3.0
     sched.add(make_seq("next", 1, 700))
     by_id = {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled}
     assert by_id == {"long#0": 1, "next#0": 700}
-    # the same arrivals half a second apart: 1.4 expected, and it is chunked
-    sched = shortest(max_num_batched_tokens=2048)
-    sched.step_costs = frozen(0.02, 0.001)
-    arrived_every(sched, clock, 0.5, 3)
-    sched.add(make_seq("long", 0, 700))
-    assert {s.seq.seq_id: s.num_new_tokens for s in run_step(sched).scheduled} == {"long#0": 20}
 
 
 def test_recent_prefixes_count_a_prompts_leading_blocks_computed_lately() -> None:
