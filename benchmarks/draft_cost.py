@@ -14,13 +14,12 @@ Writes bench/results/draft_cost.json.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.report import model_parser, write_json
 from benchmarks.offline.machine import machine_info
 
 RESULTS_PATH = Path("bench/results/draft_cost.json")
@@ -59,13 +58,10 @@ def measure(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="models/smollm2-135m-instruct")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser = model_parser(__doc__, RESULTS_PATH)
     parser.add_argument("--contexts", default="385,1025,2049")
     parser.add_argument("--drafts", default="0,1,2,4,8")
     parser.add_argument("--rounds", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
     args = parser.parse_args()
     drafts = [int(k) for k in args.drafts.split(",")]
     contexts = [int(n) for n in args.contexts.split(",")]
@@ -86,8 +82,7 @@ def main() -> None:
             results["step_ms"][f"{dtype} {context}"] = ms
             cells = ", ".join(f"{k} drafts {v:.2f} ms" for k, v in ms.items())
             print(f"{dtype} context {context}: {cells}", flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     print(f"wrote {args.out}")
 
 

@@ -16,13 +16,13 @@ bench/results/prefill_rate.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.report import model_parser, write_json
 from benchmarks.offline.machine import machine_info
 
 RESULTS_PATH = Path("bench/results/prefill_rate.json")
@@ -97,12 +97,9 @@ def measure(model: str, dtype: str, lengths: list[int], repeats: int) -> list[di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="models/smollm2-135m-instruct")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser = model_parser(__doc__, RESULTS_PATH)
     parser.add_argument("--lengths", default="64,128,256,512,1024")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=RESULTS_PATH)
     args = parser.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     results: dict[str, Any] = {
@@ -115,8 +112,7 @@ def main() -> None:
             for dtype in args.dtypes.split(",")
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.out, results)
     print(f"wrote {args.out}")
 
 

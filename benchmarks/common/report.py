@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+
+def model_parser(doc: str, out: Path) -> argparse.ArgumentParser:
+    """The flags of a benchmark that loads one model offline per dtype: --model, --dtypes
+    (float32,bfloat16) and --out (`out`); its description is `doc`'s first paragraph."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--model", default="models/smollm2-135m-instruct")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--out", type=Path, default=out)
+    return parser
 
 
 def write_json(path: Path, results: dict[str, Any]) -> None:
