@@ -611,11 +611,18 @@ class Scheduler:
         fixed, per_token = DRAFT_TOKENS_PER_FIXED, 1.0  # in units of one token's cost
         if costs.per_token_s is not None and costs.fixed_s is not None:
             fixed, per_token = costs.fixed_s, costs.per_token_s
+        expected = float(sum(s.samples for s in out.scheduled))
+        step_s = fixed + per_token * out.num_tokens
         proposals: dict[int, list[int]] = {}
         candidates: list[tuple[float, int, int]] = []  # (chance kept, draft j, step row)
         for row, s in enumerate(out.scheduled):
             seq = s.seq
             if s.num_new_tokens != 1 or not s.samples or not self._speculates(seq):
+                continue
+            kept = seq.draft_stats.acceptance()
+            if kept * step_s <= expected * per_token:
+                # not even its first draft could pay (drafts taken only raise the bar): no
+                # proposal, and no n-gram index built for it
                 continue
             room = self._draft_room(seq)
             if room <= 0:
@@ -626,13 +633,10 @@ class Scheduler:
             if not drafts:
                 continue
             proposals[row] = drafts
-            kept = seq.draft_stats.acceptance()
             candidates += [(kept ** (j + 1), j, row) for j in range(len(drafts))]
         if not candidates:
             return
         candidates.sort(key=lambda c: (-c[0], c[1]))
-        expected = float(sum(s.samples for s in out.scheduled))
-        step_s = fixed + per_token * out.num_tokens
         budget = self.config.max_num_batched_tokens - out.num_tokens
         taken: dict[int, int] = {}
         for chance, j, row in candidates:
