@@ -259,9 +259,7 @@ class RemoteBlockAllocator:
         for append in request.appends:
             if append.seq_id in self._shared_tails or append.seq_id not in tables:
                 return False
-            num_tokens = tables.num_tokens(append.seq_id)
-            room = len(tables.get(append.seq_id)) * block_size - num_tokens
-            if len(append.token_ids) > room:
+            if len(append.token_ids) > tables.free_slots(append.seq_id):
                 return False
         for commit in request.commits:
             if commit.seq_id not in tables:

@@ -134,6 +134,12 @@ class BlockTables:
         seq = self._seqs.get(seq_id)
         return len(seq.token_ids) if seq is not None else 0
 
+    def free_slots(self, seq_id: str) -> int:
+        """KV slots of `seq_id`'s table after its tokens (the rest of its last block, in each
+        KV group): where its next tokens go without a new block."""
+        logical_blocks = len(self.get(seq_id)) // self.num_groups
+        return logical_blocks * self.block_size - self.num_tokens(seq_id)
+
     def num_committed_tokens(self, seq_id: str) -> int:
         """Tokens of `seq_id` whose full blocks the allocator has in its prefix index (prefix
         hits and commits sent); 0 for a sequence the allocator does not hold."""

@@ -253,8 +253,9 @@ class Scheduler:
         self.waiting.append(seq)
         seq.waiting_since = time.monotonic()
         seq.arrived_step = self.num_steps
-        self._arrivals.append(seq.waiting_since)
-        self._arrival_rate(seq.waiting_since)  # keeps only the window
+        if self.config.shortest_first:  # the arrival rate's one reader (`_prompt_chunk`)
+            self._arrivals.append(seq.waiting_since)
+            self._forget_arrivals(seq.waiting_since)
 
     def add_fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` was sampled from `parent`'s logits; it shares the parent's blocks."""
@@ -506,15 +507,18 @@ class Scheduler:
             return max(self.allocator.block_size, int(tokens_per_fixed))
         return -(-left // num_chunks)
 
+    def _forget_arrivals(self, now: float) -> None:
+        """Drop the arrivals older than ARRIVAL_WINDOW_S seconds."""
+        while self._arrivals and now - self._arrivals[0] > ARRIVAL_WINDOW_S:
+            self._arrivals.popleft()
+
     def _arrival_rate(self, now: float) -> float:
         """Sequences arriving per second lately: those of the latest ARRIVAL_WINDOW_S seconds
         but the first, over the time since it (0 with fewer than two)."""
-        arrivals = self._arrivals
-        while arrivals and now - arrivals[0] > ARRIVAL_WINDOW_S:
-            arrivals.popleft()
-        if len(arrivals) < 2:
+        self._forget_arrivals(now)
+        if len(self._arrivals) < 2:
             return 0.0
-        return (len(arrivals) - 1) / max(now - arrivals[0], 1e-3)
+        return (len(self._arrivals) - 1) / max(now - self._arrivals[0], 1e-3)
 
     def _prefill_room(self, in_burst: bool, pending: list[Sequence]) -> int:
         """How many prompt tokens this step may run. Under shortest-first, `in_burst` (more
@@ -617,7 +621,7 @@ class Scheduler:
         candidates: list[tuple[float, int, int]] = []  # (chance kept, draft j, step row)
         for row, s in enumerate(out.scheduled):
             seq = s.seq
-            if s.num_new_tokens != 1 or not s.samples or not self._speculates(seq):
+            if not s.samples or not self._speculates(seq):  # every row a decode (above)
                 continue
             kept = seq.draft_stats.acceptance()
             if kept * step_s <= expected * per_token:
@@ -638,13 +642,13 @@ class Scheduler:
             return
         candidates.sort(key=lambda c: (-c[0], c[1]))
         budget = self.config.max_num_batched_tokens - out.num_tokens
+        # a stream's chances fall with j (its acceptance is below 1), so each of its drafts
+        # comes after the one before it: the first not worth it ends the walk
         taken: dict[int, int] = {}
         for chance, j, row in candidates:
             # worth it: chance / per_token > expected / step_s
             if budget <= 0 or chance * step_s <= expected * per_token:
                 break
-            if taken.get(row, 0) != j:
-                continue  # an earlier draft of its stream was not taken
             taken[row] = j + 1
             expected += chance
             step_s += per_token
@@ -666,10 +670,8 @@ class Scheduler:
         """How many drafts may follow `seq`'s last token this step: its last block's free
         slots, less what would pass its `max_tokens` or the context (the token sampled
         after the drafts counts too)."""
-        table = self.tables.get(seq.seq_id)
-        slots = len(table) // self.tables.num_groups * self.allocator.block_size
         room = min(
-            slots - seq.num_tokens,
+            self.tables.free_slots(seq.seq_id),  # the allocator has every token of it now
             self.config.num_speculative_tokens,
             seq.request.params.max_tokens - seq.num_output_tokens - 1,
         )

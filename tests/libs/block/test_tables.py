@@ -44,6 +44,21 @@ def test_decode_inside_a_block_sends_no_update() -> None:
     assert result.table_updates == {"a": TableUpdate(2, (2,))}
 
 
+def test_free_slots_are_the_rest_of_the_last_block_in_each_group() -> None:
+    tables = BlockTables(BS)
+    tables.apply(
+        StepAllocation(admits=(AdmitRequest("a", (1, 2, 3, 4, 5)),)),
+        StepAllocationResult(table_updates={"a": TableUpdate(0, (7, 9))}),
+    )
+    assert tables.free_slots("a") == 3  # two blocks of 4 slots, 5 tokens
+    grouped = BlockTables(BS, num_groups=2)  # a table entry per group and logical block
+    grouped.apply(
+        StepAllocation(admits=(AdmitRequest("a", (1, 2, 3, 4, 5, 6)),)),
+        StepAllocationResult(table_updates={"a": TableUpdate(0, (7, 8, 9, 10))}),
+    )
+    assert grouped.free_slots("a") == 2
+
+
 def test_copy_on_write_replaces_the_last_position() -> None:
     m = BlockManager(num_blocks=8, block_size=BS)
     checked_step(m, StepAllocation(admits=(AdmitRequest("a", (1, 2, 3, 4, 5)),)))

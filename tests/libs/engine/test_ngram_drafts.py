@@ -251,8 +251,7 @@ def test_a_step_of_many_streams_takes_no_drafts_a_lone_stream_does(
     assert steps.seen and all(n == 0 for _, n in steps.drafted())
 
 
-@pytest.mark.parametrize("dtype", ["float32"])
-def test_smollm2_drafts_from_its_own_repeats_give_its_greedy_tokens(dtype: str) -> None:
+def test_smollm2_drafts_from_its_own_repeats_give_its_greedy_tokens() -> None:
     """The packaged model's own n-grams, no oracle: drafts are proposed and kept, and the
     greedy tokens are those of decoding without them."""
     prompts = [
@@ -262,7 +261,7 @@ def test_smollm2_drafts_from_its_own_repeats_give_its_greedy_tokens(dtype: str) 
     params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
     outputs = {}
     for k in (0, 4):
-        llm = LLM(model=str(SMOLLM2), dtype=dtype, num_speculative_tokens=k)
+        llm = LLM(model=str(SMOLLM2), dtype="float32", num_speculative_tokens=k)
         outputs[k] = [
             list(llm.generate([p], [params], use_tqdm=False)[0].outputs[0].token_ids)
             for p in prompts
